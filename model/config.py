@@ -24,6 +24,30 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """Check and convert a YAML value to the field's declared type (YAML reads `2e-5` as a string)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, where) if len(inner) == 1 else value
+    if _is_dataclass_type(tp):
+        return from_dict(tp, value, where)
+    try:
+        if tp is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            return float(value)
+        if tp is int and isinstance(value, (int, str)) and not isinstance(value, bool):
+            return int(value)
+    except ValueError:
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is str and not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
 def from_dict(cls: type[T], data: dict, where: str = "config") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping for {cls.__name__}, got {type(data).__name__}")
@@ -33,8 +57,7 @@ def from_dict(cls: type[T], data: dict, where: str = "config") -> T:
     for key, value in data.items():
         if key not in fields:
             raise ConfigError(f"{where}: unknown key '{key}' for {cls.__name__}; known: {sorted(fields)}")
-        tp = hints[key]
-        kwargs[key] = from_dict(tp, value, f"{where}.{key}") if _is_dataclass_type(tp) else value
+        kwargs[key] = _coerce(hints[key], value, f"{where}: {key}")
     return cls(**kwargs)
 
 

@@ -111,7 +111,8 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Build the synthetic shapes-world demo corpus and its shards.",
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="data/demo")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--val", type=int, default=200, help="of --images, how many go to the val split")

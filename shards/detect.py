@@ -100,11 +100,11 @@ class RegionDetector:
         kept = m.transform.postprocess(kept, image_list.image_sizes, original_sizes)
         return [{"boxes": k["boxes"].float().cpu().numpy(), "classes": k["labels"].cpu().numpy(),
                  "scores": k["scores"].float().cpu().numpy(), "class_probs": p.half().cpu().numpy()}
-                for k, p in zip(kept, probs)]
+                for k, p in zip(kept, probs, strict=False)]
 
 
 def pil_to_tensor(image) -> torch.Tensor:
-    arr = np.asarray(image.convert("RGB"))
+    arr = np.array(image.convert("RGB"))
     return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
 
 
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     skips = SkipLog("images")
     with open(args.out, "w") as out:
         for key, _rec, _image, det in tqdm(detect_records(records, detector, skips), desc="detect", unit="img"):
+            skips.ok()
             out.write(json.dumps({"image": key, "boxes": det["boxes"].round(2).tolist(),
                                   "classes": det["classes"].tolist(), "scores": det["scores"].round(4).tolist(),
                                   "class_probs_f16": encode_probs(det["class_probs"])}) + "\n")
@@ -138,7 +139,7 @@ def detect_records(records, detector: RegionDetector, skips: SkipLog):
 
     def flush():
         dets = detector([pil_to_tensor(im) for _, _, im in pending])
-        for (key, rec, im), det in zip(pending, dets):
+        for (key, rec, im), det in zip(pending, dets, strict=False):
             yield key, rec, im, det
         pending.clear()
 

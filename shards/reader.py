@@ -17,6 +17,7 @@ rotated so that worker 0 produces the next batch due.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
@@ -40,7 +41,7 @@ class StreamConfig:
     caption_batch_size: int = 4  # caption samples per batch (VL-BERT: 128 of 256)
     text_batch_size: int = 4  # text samples per batch; the ratio of the two is the mixing ratio
     shuffle_buffer: int = 256  # records held for shuffling, per role and source
-    short_side: int = 600  # resize shorter image side to this ...
+    short_side: int = 600  # resize shorter image side to this (0 = keep the stored size) ...
     long_side: int = 1000  # ... unless the longer side would exceed this (VL-BERT: 600 / 1000)
     size_divisibility: int = 32  # pad batch images to a multiple of this
     max_regions: int = 100  # keep at most this many boxes per image (highest scores)
@@ -129,30 +130,31 @@ class CaptionDecoder:
         self.cfg = cfg
 
     def __call__(self, record: dict) -> dict:
-        from torchvision.io import ImageReadMode, decode_image
-        from torchvision.transforms.v2.functional import resize
+        from PIL import Image
 
         cfg = self.cfg
         for member in ("json", "jpg"):
             if member not in record:
                 raise KeyError(f"missing member '{member}'")
         meta = json.loads(record["json"])
-        image = decode_image(torch.frombuffer(bytearray(record["jpg"]), dtype=torch.uint8), mode=ImageReadMode.RGB)
-        h, w = image.shape[-2:]
+        pil = Image.open(io.BytesIO(record["jpg"]))
+        w, h = pil.size
         if (meta["width"], meta["height"]) != (w, h):
             raise ValueError(f"JSON says {meta['width']}x{meta['height']}, image is {w}x{h}")
-        scale = resize_scale(h, w, cfg.short_side, cfg.long_side)
+        scale = resize_scale(h, w, cfg.short_side, cfg.long_side) if cfg.short_side > 0 else 1.0
         nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-        if (nh, nw) != (h, w):
-            image = resize(image, [nh, nw], antialias=True)
+        if scale < 0.5:
+            pil.draft("RGB", (nw, nh))  # JPEG: decode at a reduced DCT scale, far cheaper than full size
+        pil = pil.convert("RGB")
+        if pil.size != (nw, nh):
+            pil = pil.resize((nw, nh), Image.BILINEAR, reducing_gap=None)
+        image = torch.from_numpy(np.array(pil)).permute(2, 0, 1)  # [3, H, W] uint8
         boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4)
         boxes *= torch.tensor([nw / w, nh / h, nw / w, nh / h])
         scores = torch.tensor(meta["scores"], dtype=torch.float32)
         classes = torch.tensor(meta["classes"], dtype=torch.long)
         probs = None
         if "probs.npy" in record:
-            import io
-
             probs = torch.from_numpy(np.load(io.BytesIO(record["probs.npy"])).astype(np.float16))
         if len(boxes) > cfg.max_regions:
             keep = torch.argsort(scores, descending=True, stable=True)[: cfg.max_regions]
@@ -262,8 +264,8 @@ class MixedStream(IterableDataset):
         txt_it = iter(texts) if texts else None
         k = state.get("k", -1) + 1
         while True:
-            caps = [s for _, s in zip(range(cfg.caption_batch_size), cap_it)] if cap_it else []
-            txts = [s for _, s in zip(range(cfg.text_batch_size), txt_it)] if txt_it else []
+            caps = [s for _, s in zip(range(cfg.caption_batch_size), cap_it, strict=False)] if cap_it else []
+            txts = [s for _, s in zip(range(cfg.text_batch_size), txt_it, strict=False)] if txt_it else []
             if (cap_it and not caps) or (txt_it and not txts):
                 return  # a finite stream (epochs set) ran out
             batch = {"index": k * workers + worker_role,
@@ -322,12 +324,14 @@ class StreamLoader:
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
                             persistent_workers=False)
         for batch in loader:
-            if batch["index"] != self.next_index:
+            # Forever streams arrive strictly in order; a finite pass (epochs set) may not at its
+            # end, where workers whose share ran out drop out of the rotation.
+            if batch["index"] != self.next_index and self.cfg.epochs is None:
                 raise RuntimeError(f"batch {batch['index']} arrived when {self.next_index} was due")
             state = batch.pop("state")
             self.skips[state["worker_role"]] = batch.pop("skips")
             self.role_states[state["worker_role"]] = state
-            self.next_index += 1
+            self.next_index = batch["index"] + 1
             yield batch
 
     def skip_summary(self) -> dict:

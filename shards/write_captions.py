@@ -13,14 +13,15 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 
 import numpy as np
 from tqdm import tqdm
 
 from .caption_inputs import BoxEntry, check_boxes, iter_img2dataset, iter_tsv, load_box_file, open_image
-from .skips import SkipLog
 from .sink import ShardSink
+from .skips import SkipLog
 
 
 def _jpeg_bytes(rec_bytes: bytes, image) -> bytes:
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-count", type=int, default=5000, help="samples per shard at most")
     p.add_argument("--max-size-mb", type=float, default=512, help="bytes per shard at most (MB)")
     args = p.parse_args(argv)
+    for flag in ("tsv", "boxes", "detector", "class_names", "image_root"):
+        path = getattr(args, flag)
+        if path and not os.path.exists(path):
+            p.error(f"--{flag.replace('_', '-')} {path}: no such file or folder")
 
     skips = SkipLog("images")
     meta = {}

@@ -1,0 +1,72 @@
+import json
+import random
+import re
+
+from shards import shapes_world as sw
+from shards.reader import StreamConfig, StreamLoader
+
+
+def test_demo_corpus_is_complete_and_readable(demo_corpus):
+    shards = demo_corpus / "shards"
+    train = json.loads((shards / "captions-train" / "manifest.json").read_text())
+    val = json.loads((shards / "captions-val" / "manifest.json").read_text())
+    assert (train["total"], val["total"]) == (32, 8) and train["skips"]["skipped"] == {}
+    assert train["class_names"] == sw.CLASS_NAMES
+    text = json.loads((shards / "text" / "manifest.json").read_text())
+    assert text["total"] > 50 and text["max_tokens"] == 64
+    cfg = StreamConfig(caption_shards=str(shards / "captions-train" / "*.tar"),
+                       text_shards=str(shards / "text" / "*.tar"), short_side=0, num_workers=0)
+    batch = next(iter(StreamLoader(cfg)))
+    assert batch["caption"]["class_probs"].shape[-1] == len(sw.CLASS_NAMES)
+    assert batch["text"]["input_ids"].shape[1] <= 64
+
+
+def test_demo_is_deterministic(demo_corpus, tmp_path):
+    from shards.demo import write_raw
+
+    write_raw(tmp_path, 40, 8, 123, 3, 12)
+    for name in ("captions_train.tsv", "boxes.jsonl", "scenes.jsonl", "books/book_001.txt", "images/000007.jpg"):
+        assert (tmp_path / "raw" / name).read_bytes() == (demo_corpus / "raw" / name).read_bytes(), name
+
+
+def test_scenes_follow_the_design():
+    rng = random.Random(0)
+    colour_words = set(sw.COLOURS)
+    covered = visible = 0
+    for _ in range(300):
+        scene = sw.sample_scene(rng)
+        assert 2 <= len(scene.objects) <= 8
+        assert 128 <= scene.width <= 320 and 128 <= scene.height <= 320
+        for o in scene.objects:
+            x1, y1, x2, y2 = o.box
+            assert 0 <= x1 < x2 <= scene.width and 0 <= y1 < y2 <= scene.height
+        text, named = sw.caption(scene, rng)
+        words = re.findall(r"[a-z]+", text)
+        # every named visible object's colour is in the caption exactly as often as such objects are named
+        for i in named:
+            o = scene.objects[i]
+            assert o.category in words and o.size in words
+            if o.covered:
+                covered += 1
+                assert f"{o.size} covered {o.category}" in text
+            else:
+                visible += 1
+                assert f"{o.size} {o.colour} {o.category}" in text
+        n_colours = sum(w in colour_words for w in words)
+        assert n_colours == sum(not scene.objects[i].covered for i in named)
+    assert covered > 20 and visible > 300
+
+
+def test_relations_match_geometry():
+    a = sw.ShapeObject("circle", "red", "small", (0, 0, 10, 10))
+    b = sw.ShapeObject("star", "blue", "small", (50, 5, 60, 15))
+    c = sw.ShapeObject("star", "blue", "small", (2, 80, 12, 90))
+    assert sw.relation(a, b) == "left of" and sw.relation(b, a) == "right of"
+    assert sw.relation(a, c) == "above" and sw.relation(c, a) == "below"
+
+
+def test_prose_is_long_and_complex():
+    rng = random.Random(1)
+    paragraph = sw.prose_paragraph(rng)
+    sentences = re.split(r"(?<=\.)\s+", paragraph)
+    assert len(sentences) >= 3 and sum(len(s.split()) for s in sentences) / len(sentences) > 15

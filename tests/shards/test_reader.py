@@ -1,0 +1,133 @@
+import json
+
+import pytest
+import torch
+
+from shards.reader import StreamConfig, StreamLoader, collate_captions, resize_scale
+from shards.skips import CorruptDataError
+
+from .helpers import jpeg_bytes, write_caption_shard, write_text_shard
+
+
+def caption_samples(start, n, w=40, h=30):
+    return [{"key": f"{i:06d}", "caption": f"caption number {i}", "width": w, "height": h, "jpg": jpeg_bytes(w, h),
+             "boxes": [[1.0, 2.0, 20.0, 12.0], [4.0, 4.0, 8.0, 30.0]], "classes": [1, 2], "scores": [0.9, 0.8],
+             "probs": [[0.5, 0.5, 0.0], [0.1, 0.1, 0.8]]} for i in range(start, start + n)]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """5 caption shards of 6 samples and 3 text shards of 10 chunks."""
+    for s in range(5):
+        write_caption_shard(tmp_path / f"cap-{s}.tar", caption_samples(s * 6, 6))
+    for s in range(3):
+        write_text_shard(tmp_path / f"txt-{s}.tar", [[100 + s * 10 + i] * (5 + i) for i in range(10)], start=s * 10)
+    return tmp_path
+
+
+def cfg_for(root, **kw):
+    base = dict(caption_shards=str(root / "cap-{0..4}.tar"), text_shards=str(root / "txt-*.tar"),
+                caption_batch_size=2, text_batch_size=2, shuffle_buffer=4, short_side=0, num_workers=0)
+    base.update(kw)
+    return StreamConfig(**base)
+
+
+def keys_of(loader, source):
+    return [k for b in loader if source in b for k in b[source]["keys"]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("pattern", ["cap-{0..4}.tar", "cap-0.tar"])  # by-shard and by-record split
+def test_ranks_get_disjoint_data_covering_everything(corpus, workers, pattern):
+    seen = []
+    for rank in range(2):
+        cfg = cfg_for(corpus, caption_shards=str(corpus / pattern), text_batch_size=0, epochs=1,
+                      num_workers=workers, caption_batch_size=1)
+        seen.append(keys_of(StreamLoader(cfg, rank=rank, world_size=2), "caption"))
+    n = 30 if "{" in pattern else 6
+    assert set(seen[0]).isdisjoint(seen[1])
+    assert sorted(seen[0] + seen[1]) == [f"{i:06d}" for i in range(n)]
+
+
+def test_every_batch_is_exactly_one_to_one(corpus):
+    loader = StreamLoader(cfg_for(corpus, caption_batch_size=3, text_batch_size=3, num_workers=2))
+    for _, batch in zip(range(12), loader, strict=False):
+        assert len(batch["caption"]["keys"]) == 3 and len(batch["text"]["keys"]) == 3
+        assert batch["text"]["input_ids"].shape[0] == batch["caption"]["images"].shape[0] == 3
+    # other ratios come from the two batch sizes
+    batch = next(iter(StreamLoader(cfg_for(corpus, caption_batch_size=1, text_batch_size=3))))
+    assert (len(batch["caption"]["keys"]), len(batch["text"]["keys"])) == (1, 3)
+
+
+@pytest.mark.parametrize("workers,stop", [(0, 5), (2, 5), (2, 8)])
+def test_exact_resume(corpus, workers, stop):
+    cfg = cfg_for(corpus, num_workers=workers)
+    reference = [b for _, b in zip(range(stop + 6), StreamLoader(cfg), strict=False)]
+    first = StreamLoader(cfg)
+    for _, _b in zip(range(stop), first, strict=False):
+        pass
+    state = json.loads(json.dumps(first.state_dict()))  # survives serialisation
+    resumed = StreamLoader(cfg)
+    resumed.load_state_dict(state)
+    for ref, got in zip(reference[stop:], resumed, strict=False):
+        assert got["caption"]["keys"] == ref["caption"]["keys"] and got["text"]["keys"] == ref["text"]["keys"]
+        assert torch.equal(got["caption"]["images"], ref["caption"]["images"])
+        assert torch.equal(got["text"]["input_ids"], ref["text"]["input_ids"])
+    with pytest.raises(ValueError, match="num_workers"):
+        StreamLoader(cfg_for(corpus, num_workers=workers + 2)).load_state_dict(state)
+
+
+def test_corrupt_samples_are_skipped_and_counted(corpus, caplog):
+    bad = caption_samples(100, 4)
+    bad[1]["jpg"] = b"\xff\xd8 not really a jpeg"
+    bad[2]["json_bytes"] = b"{broken json"
+    write_caption_shard(corpus / "bad.tar", bad)
+    good = corpus / "cap-0.tar"
+    truncated = corpus / "trunc.tar"
+    truncated.write_bytes(good.read_bytes()[:7000])
+    cfg = cfg_for(corpus, caption_shards=f"{corpus / 'bad.tar'},{truncated},{good}", text_batch_size=0,
+                  caption_batch_size=1, epochs=1)
+    loader = StreamLoader(cfg)
+    keys = keys_of(loader, "caption")
+    assert "000101" not in keys and "000102" not in keys and {"000100", "000103"} <= set(keys)
+    skipped = loader.skip_summary()["caption"]
+    assert skipped["undecodable sample"] >= 2 and skipped["unreadable or truncated tar"] == 1
+    assert "bad.tar:000101" in caplog.text and "trunc.tar" in caplog.text
+
+
+def test_mostly_bad_shards_stop_with_a_clear_error(tmp_path):
+    samples = caption_samples(0, 30)
+    for s in samples[:20]:
+        s["jpg"] = b"garbage"
+    write_caption_shard(tmp_path / "bad.tar", samples)
+    cfg = StreamConfig(caption_shards=str(tmp_path / "bad.tar"), text_batch_size=0, caption_batch_size=2,
+                       num_workers=0, min_seen=10, max_bad_fraction=0.5, shuffle_buffer=1)
+    with pytest.raises(CorruptDataError, match="bad.tar"):
+        keys_of(StreamLoader(cfg), "caption")
+
+
+def test_resize_scales_boxes_with_the_image(corpus):
+    cfg = cfg_for(corpus, short_side=60, long_side=1000, text_batch_size=0, num_workers=0)
+    batch = next(iter(StreamLoader(cfg)))["caption"]
+    # 40x30 image, shorter side 30 -> 60: scale 2 on both axes
+    assert batch["image_sizes"][0].tolist() == [60, 80]
+    assert batch["boxes"][0, 0].tolist() == [2.0, 4.0, 40.0, 24.0]
+    assert batch["images"].shape[-2:] == (64, 96)  # padded to a multiple of 32
+    assert resize_scale(300, 900, 600, 1000) == pytest.approx(1000 / 900)  # long side caps
+    assert resize_scale(500, 400, 600, 1000) == pytest.approx(1.5)
+
+
+def test_collation_pads_and_masks():
+    a = {"key": "a", "image": torch.ones(3, 10, 20, dtype=torch.uint8), "boxes": torch.tensor([[0., 0, 5, 5]]),
+         "scores": torch.tensor([0.9]), "classes": torch.tensor([3]), "class_probs": None,
+         "input_ids": torch.tensor([5, 6, 7])}
+    b = {"key": "b", "image": torch.full((3, 33, 8), 2, dtype=torch.uint8),
+         "boxes": torch.tensor([[0., 0, 1, 1], [1., 1, 2, 2]]), "scores": torch.tensor([0.5, 0.4]),
+         "classes": torch.tensor([1, 2]), "class_probs": None, "input_ids": torch.tensor([9])}
+    out = collate_captions([a, b], size_divisibility=32)
+    assert out["images"].shape == (2, 3, 64, 32)
+    assert out["images"][0, :, :10, :20].eq(1).all() and out["images"][0, :, 10:].eq(0).all()
+    assert out["box_mask"].tolist() == [[True, False], [True, True]]
+    assert out["box_classes"].tolist() == [[3, -1], [1, 2]]
+    assert out["input_ids"].tolist() == [[5, 6, 7], [9, 0, 0]]
+    assert out["attention_mask"].tolist() == [[True, True, True], [True, False, False]]
