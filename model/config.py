@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -92,3 +93,94 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.
 
 def to_dict(obj: Any) -> dict:
     return dataclasses.asdict(obj)
+
+
+# --- the model's config ------------------------------------------------------------------------------
+
+@dataclass
+class FastRCNNConfig:
+    backbone: str = "resnet101"  # torchvision ResNet: resnet18/34/50/101/152 (C4 split)
+    num_classes: int = 1601  # object classes incl. background (Visual Genome: 1600 + background)
+    weights: str | None = None  # local torchvision ResNet or Faster R-CNN state dict; None = random init
+    freeze_stem: bool = True  # conv1 (+ its frozen BN) not trained, as in detectron's C4 models
+    roi_output_size: int = 14  # RoIAlign output, before res5 halves it to 7x7
+    pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # images are normalised with these;
+    pixel_std: tuple[float, float, float] = (0.229, 0.224, 0.225)  # masked pixels are 0 after it
+    channels_last: bool = False  # NHWC convolutions (faster on GPUs with tensor cores)
+
+
+@dataclass
+class VLBertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 3  # segments A, B (BERT's two token types) and C (image regions)
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    cls_token_id: int = 101
+    sep_token_id: int = 102
+    mask_token_id: int = 103
+    # [IMG] and [END] reuse unused WordPiece slots of BERT's uncased vocab ([unused0], [unused1]), so
+    # the vocabulary and a loaded word-embedding matrix keep their size.
+    img_token_id: int = 1
+    end_token_id: int = 2
+    # visual input
+    visual_embedding: str = "vlbert"  # "vlbert": FC(appearance ++ geometry) + zero-gain LayerNorm;
+    #                                   "linear": BERT-gen's single Linear(features ++ 4 box coords)
+    visual_size: int = 2048  # width of the visual feature embedding before projecting to hidden
+    geometry_size: int = 2048  # sine/cosine geometry embedding width (a multiple of 8)
+    visual_dropout: float = 0.1
+    visual_ln_init: float = 0.0  # initial LayerNorm gain of the visual terms: 0 = start as pure BERT
+    precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
+    fast_rcnn: FastRCNNConfig = field(default_factory=FastRCNNConfig)
+    gradient_checkpointing: bool = False  # recompute each layer in backward: memory for compute
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+PRESETS: dict[str, dict] = {
+    # tests: hidden 32, 2 layers, 4 heads, a 99-word vocab, ResNet-18 (as transformers' tiny tester)
+    "tiny": dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                 max_position_embeddings=128, visual_size=48, geometry_size=32, precomputed_feature_size=24,
+                 cls_token_id=3, sep_token_id=4, mask_token_id=5, img_token_id=6, end_token_id=7,
+                 fast_rcnn=dict(backbone="resnet18", num_classes=9)),
+    "base": dict(),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+
+
+def model_config(preset: str = "base", path: str | Path | None = None, overrides: typing.Iterable[str] = ()
+                 ) -> VLBertConfig:
+    """A preset, then a YAML file (which may name its own `preset:`), then key=value overrides."""
+    data: dict = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        preset = data.pop("preset", preset)
+    if preset not in PRESETS:
+        raise ConfigError(f"{path or 'model config'}: unknown preset '{preset}'; known: {sorted(PRESETS)}")
+    merged = _deep_merge(PRESETS[preset], data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}': expected key=value")
+        key, raw = item.split("=", 1)
+        _set_path(merged, key.strip(), yaml.safe_load(raw))
+    return from_dict(VLBertConfig, merged, str(path) if path else f"preset {preset}")
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in a.items()}
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,125 @@
+"""Loader throughput: our streaming shard reader vs a plain map-style Dataset over an image folder.
+
+Both do the same work per sample (JPEG decode, resize by the shorter/longer-side rule, boxes scaled,
+caption tokenised) and share the same collation, DataLoader worker count and batch size; the figure
+is samples/s, median of several passes, and the ratio of the two in the same run.
+
+    python -m bench.loader [--demo data/demo] [--workers 2] [--repeats 3] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from shards.caption_inputs import load_box_file
+from shards.reader import StreamConfig, StreamLoader, collate_captions, resize_scale
+from shards.skips import SkipLog
+from shards.tokenizer import load_tokenizer
+
+from .report import machine, median_range, update_section
+
+
+class FolderDataset(Dataset):
+    """The baseline users write first: a TSV, an image folder and a box file, read per item."""
+
+    def __init__(self, raw: Path, short_side: int, long_side: int):
+        self.items = [line.rstrip("\n").split("\t") for line in open(raw / "captions_train.tsv")]
+        self.boxes = load_box_file(raw / "boxes.jsonl", SkipLog())
+        self.raw, self.short_side, self.long_side = raw, short_side, long_side
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        caption, name = self.items[i]
+        image = Image.open(self.raw / name).convert("RGB")
+        w, h = image.size
+        s = resize_scale(h, w, self.short_side, self.long_side)
+        nw, nh = round(w * s), round(h * s)
+        image = image.resize((nw, nh), Image.BILINEAR)
+        entry = self.boxes[name]
+        boxes = torch.from_numpy(entry.boxes) * torch.tensor([nw / w, nh / h, nw / w, nh / h])
+        ids = load_tokenizer(None)(caption, add_special_tokens=False)["input_ids"]
+        return {"key": name, "image": torch.from_numpy(np.array(image)).permute(2, 0, 1), "boxes": boxes,
+                "scores": torch.from_numpy(entry.scores), "classes": torch.from_numpy(entry.classes),
+                "class_probs": torch.from_numpy(entry.class_probs), "input_ids": torch.tensor(ids)}
+
+
+def time_loader(batches, n_samples: int) -> float:
+    seen = 0
+    start = time.perf_counter()
+    for batch in batches:
+        seen += len(batch["keys"])
+        if seen >= n_samples:
+            break
+    return seen / (time.perf_counter() - start)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--demo", default="data/demo", help="demo corpus folder (built if missing)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--samples", type=int, default=1600, help="samples timed per pass")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--short-side", type=int, default=600)
+    p.add_argument("--long-side", type=int, default=1000)
+    p.add_argument("--write", action="store_true", help="rewrite the section in docs/BENCHMARKS.md")
+    args = p.parse_args(argv)
+    demo = Path(args.demo)
+    if not (demo / "shards" / "captions-train" / "manifest.json").exists():
+        from shards.demo import build_demo
+
+        build_demo(demo)
+    torch.manual_seed(0)
+    cfg = StreamConfig(caption_shards=str(demo / "shards" / "captions-train" / "*.tar"), text_batch_size=0,
+                       caption_batch_size=args.batch_size, num_workers=args.workers, short_side=args.short_side,
+                       long_side=args.long_side, shuffle_buffer=256)
+    folder = FolderDataset(demo / "raw", args.short_side, args.long_side)
+    results = {"ours": [], "folder": []}
+    for _ in range(args.repeats):  # interleaved, so drift in machine load hits both alike
+        results["ours"].append(time_loader((b["caption"] for b in StreamLoader(cfg)), args.samples))
+        loader = DataLoader(folder, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                            collate_fn=collate_captions, persistent_workers=False)
+        results["folder"].append(time_loader(iter(_Repeat(loader)), args.samples))
+    ratios = [a / b for a, b in zip(results["ours"], results["folder"])]
+    summary = {"ours_samples_per_s": results["ours"], "folder_samples_per_s": results["folder"], "ratio": ratios}
+    print(json.dumps(summary, indent=1))
+    if args.write:
+        update_section("loader", f"""
+## Loader throughput (decode + resize + collate)
+
+`python -m bench.loader --write` on the demo corpus: {args.batch_size} captioned images per batch, {args.workers}
+DataLoader workers, images resized to shorter side {args.short_side} / longer side <= {args.long_side}, {args.samples}
+samples per pass, {args.repeats} interleaved passes; median (min-max). Machine: {machine()}.
+
+| loader | samples/s |
+| --- | --- |
+| `shards.reader.StreamLoader` (tar shards) | {median_range(results["ours"])} |
+| map-style Dataset over the image folder | {median_range(results["folder"])} |
+| **ratio** | **{median_range(ratios).replace(".1f", "")}** |
+""")
+    return summary
+
+
+class _Repeat:
+    """Cycles a DataLoader so a pass can time more samples than one epoch holds."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        while True:
+            yield from self.loader
+
+
+if __name__ == "__main__":
+    main()

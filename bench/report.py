@@ -1,0 +1,45 @@
+"""Shared benchmark plumbing: machine/version header and rewriting one section of docs/BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
+
+
+def machine() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
+
+
+def median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def update_section(name: str, body: str) -> None:
+    """Replace the text between `<!-- bench:name -->` and `<!-- /bench:name -->` (appending if new)."""
+    DOC.parent.mkdir(exist_ok=True)
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\nEvery figure is a ratio against a peer measured in the same run.\n"
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{start}\n{body.strip()}\n{end}"
+    if start in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(text)

@@ -1,0 +1,152 @@
+"""BERT's Transformer layers (post-LayerNorm, GELU) on `F.scaled_dot_product_attention`.
+
+Masks: a padding mask [B, L] (True = a real element) or a full mask [B, Lq, Lk] (True = may attend),
+which BERT-gen's sequence-to-sequence attention needs. Keys and values can be cached per layer, so a
+decoder extends a sequence by a few positions without re-encoding it. Parameter names follow
+transformers' BertModel, so its checkpoints load by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .config import VLBertConfig
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, heads, L_past, head_dim]
+
+
+def attention_bias(mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
+    """Boolean [B, L] or [B, Lq, Lk] -> [B, 1, Lq|1, Lk] for SDPA (True = attend)."""
+    if mask is None:
+        return None
+    if mask.dim() == 2:
+        return mask[:, None, None, :]
+    if mask.dim() == 3:
+        return mask[:, None, :, :]
+    raise ValueError(f"attention mask must be [B, L] or [B, Lq, Lk], got {list(mask.shape)}")
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, l, _ = x.shape
+        return x.view(b, l, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, L, head_dim]
+
+    def forward(self, x, bias, past: tuple[torch.Tensor, torch.Tensor] | None = None, want_probs: bool = False):
+        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        probs = None
+        if want_probs:  # analysis path: SDPA does not return the attention map
+            scores = (q @ k.transpose(-1, -2)) / self.head_dim ** 0.5
+            if bias is not None:
+                scores = scores.masked_fill(~bias, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(-1)
+            out = F.dropout(probs, self.dropout_p, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                 dropout_p=self.dropout_p if self.training else 0.0)
+        b, _, l, _ = out.shape
+        return out.transpose(1, 2).reshape(b, l, -1), (k, v), probs
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertSelfOutput(cfg)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x):
+        return F.gelu(self.dense(x))  # exact (erf) GELU, as BERT
+
+
+class BertOutput(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertLayer(nn.Module):
+    """Eq. 1-4 of the VL-BERT paper: attention, residual + LayerNorm, feed-forward, residual + LayerNorm."""
+
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertOutput(cfg)
+
+    def forward(self, x, bias, past=None, want_probs: bool = False):
+        attended, kv, probs = self.attention.self(x, bias, past, want_probs)
+        h = self.attention.output(attended, x)
+        return self.output(self.intermediate(h), h), kv, probs
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: torch.Tensor  # [B, L, hidden]
+    hidden_states: list[torch.Tensor] | None = None  # embeddings + every layer, on request
+    attentions: list[torch.Tensor] | None = None  # [B, heads, Lq, Lk] per layer, on request
+    cache: KVCache | None = None  # keys/values of every layer (past + these positions), on request
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.gradient_checkpointing = cfg.gradient_checkpointing
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, past: KVCache | None = None,
+                use_cache: bool = False, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> EncoderOutput:
+        """x [B, L, hidden]; mask [B, L_total] or [B, L, L_total] with L_total = L_past + L."""
+        bias = attention_bias(mask, x.shape[1])
+        hidden = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        cache = [] if use_cache else None
+        for i, layer in enumerate(self.layer):
+            layer_past = past[i] if past is not None else None
+            if self.gradient_checkpointing and self.training and not use_cache and not output_attentions:
+                x, kv, probs = checkpoint(layer, x, bias, layer_past, False, use_reentrant=False)
+            else:
+                x, kv, probs = layer(x, bias, layer_past, output_attentions)
+            if hidden is not None:
+                hidden.append(x)
+            if attentions is not None:
+                attentions.append(probs)
+            if cache is not None:
+                cache.append(kv)
+        return EncoderOutput(x, hidden, attentions, cache)

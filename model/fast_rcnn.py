@@ -1,0 +1,141 @@
+"""The Fast R-CNN that turns pixels and boxes into region features, trained end to end with VL-BERT.
+
+A torchvision ResNet split as in Faster R-CNN C4: stem..layer3 is the backbone (stride 16), RoIAlign
+(14x14, scale 1/16, aligned) crops each box plus one box covering the whole image, and layer4 is the
+box head, average-pooled into the appearance feature (2048-d for ResNet-50/101). BatchNorm is frozen
+(`FrozenBatchNorm2d`); the stem can be frozen; everything else trains.
+
+Masked RoI classification hides a region from the whole model by zeroing its pixels *before* the
+backbone runs, on the normalised image (so a masked pixel is the mean colour), as the official code
+does. The zeroing covers every pixel the box touches, so no feature of any region, nor of the
+whole-image box, can see what was inside.
+
+Weights (`FastRCNNConfig.weights`), a local state dict, either:
+- a torchvision ResNet (`conv1.*`, `bn1.*`, `layer1..4.*`, `fc.*`): `conv1/bn1/layer1..3` -> `backbone.*`,
+  `layer4` -> `box_head.*`, `fc` dropped (ImageNet classes are not object classes);
+- a torchvision Faster R-CNN (`backbone.body.<same names>`), the FPN/RPN/ROI-head keys being dropped;
+- our own export of this module (`backbone.*`, `box_head.*`, `object_classifier.*`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+from torch import nn
+from torchvision.ops import FrozenBatchNorm2d, roi_align
+
+from .config import FastRCNNConfig
+
+
+def pixel_mask(boxes: torch.Tensor, masked: torch.Tensor, image_sizes: torch.Tensor, height: int, width: int
+               ) -> torch.Tensor:
+    """[B, H, W] bool: True where a pixel lies in any masked box, or in the padding outside the image.
+
+    A box covers every pixel it touches (floor of x1/y1 to ceil of x2/y2). Built with a 2-D
+    difference array and two cumulative sums, so it costs O(B*H*W) whatever the number of boxes.
+    boxes [B, N, 4] x1,y1,x2,y2 pixels; masked [B, N] bool; image_sizes [B, 2] (h, w).
+    """
+    b, n = masked.shape
+    dev = boxes.device
+    x1 = boxes[..., 0].floor().clamp(0, width).long()
+    y1 = boxes[..., 1].floor().clamp(0, height).long()
+    x2 = boxes[..., 2].ceil().clamp(0, width).long()
+    y2 = boxes[..., 3].ceil().clamp(0, height).long()
+    weight = masked.to(torch.int32)
+    diff = torch.zeros(b, height + 1, width + 1, dtype=torch.int32, device=dev)
+    batch = torch.arange(b, device=dev).unsqueeze(1).expand(b, n)
+    for ys, xs, sign in ((y1, x1, 1), (y1, x2, -1), (y2, x1, -1), (y2, x2, 1)):
+        diff.index_put_((batch, ys, xs), sign * weight, accumulate=True)
+    covered = diff.cumsum(1).cumsum(2)[:, :height, :width] > 0
+    rows = torch.arange(height, device=dev).view(1, height, 1)
+    cols = torch.arange(width, device=dev).view(1, 1, width)
+    outside = (rows >= image_sizes[:, 0].view(b, 1, 1)) | (cols >= image_sizes[:, 1].view(b, 1, 1))
+    return covered | outside
+
+
+def _resnet(name: str) -> nn.Module:
+    if not hasattr(torchvision.models, name) or not name.startswith("resnet"):
+        raise ValueError(f"fast_rcnn.backbone: '{name}' is not a torchvision ResNet (resnet18/34/50/101/152)")
+    return getattr(torchvision.models, name)(weights=None, norm_layer=FrozenBatchNorm2d)
+
+
+class FastRCNN(nn.Module):
+    def __init__(self, cfg: FastRCNNConfig):
+        super().__init__()
+        self.cfg = cfg
+        resnet = _resnet(cfg.backbone)
+        self.backbone = nn.Sequential()  # names follow torchvision's so weights map one to one
+        for name in ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3"):
+            self.backbone.add_module(name, getattr(resnet, name))
+        self.box_head = resnet.layer4  # res5, run per region
+        self.feature_size = resnet.fc.in_features  # 2048 for ResNet-50/101, 512 for 18/34
+        self.object_classifier = nn.Linear(self.feature_size, cfg.num_classes)
+        self.register_buffer("pixel_mean", torch.tensor(cfg.pixel_mean).view(1, 3, 1, 1) * 255, persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(cfg.pixel_std).view(1, 3, 1, 1) * 255, persistent=False)
+        nn.init.normal_(self.object_classifier.weight, std=0.01)
+        nn.init.zeros_(self.object_classifier.bias)
+        if cfg.weights:
+            self.load_weights(cfg.weights)
+        if cfg.freeze_stem:
+            for p in self.backbone.conv1.parameters():
+                p.requires_grad_(False)
+
+    def load_weights(self, path: str) -> None:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for wrapper in ("model", "state_dict"):
+            if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+                state = state[wrapper]
+        mapped = {}
+        for key, value in state.items():
+            key = key.removeprefix("backbone.body.")
+            if key.startswith(("backbone.", "box_head.", "object_classifier.")):
+                mapped[key] = value
+            elif key.startswith("layer4."):
+                mapped["box_head." + key.removeprefix("layer4.")] = value
+            elif key.startswith(("conv1.", "bn1.", "layer1.", "layer2.", "layer3.")):
+                mapped["backbone." + key] = value
+        own = self.state_dict()
+        missing = [k for k in own if k not in mapped and not k.startswith("object_classifier.")]
+        if missing:
+            raise ValueError(f"{path}: not a {self.cfg.backbone} state dict; missing e.g. {missing[:3]}")
+        for key, value in mapped.items():
+            if key in own and own[key].shape != value.shape:
+                raise ValueError(f"{path}: '{key}' has shape {list(value.shape)}, {self.cfg.backbone} needs "
+                                 f"{list(own[key].shape)}")
+        self.load_state_dict(mapped, strict=False)
+
+    def normalise(self, images: torch.Tensor, image_sizes: torch.Tensor, boxes: torch.Tensor | None = None,
+                  masked: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [B, 3, H, W] -> normalised float, masked boxes and padding set to 0 (the mean colour)."""
+        x = (images.float() - self.pixel_mean) / self.pixel_std
+        b, _, h, w = x.shape
+        if boxes is None:
+            boxes = x.new_zeros(b, 0, 4)
+            masked = torch.zeros(b, 0, dtype=torch.bool, device=x.device)
+        hide = pixel_mask(boxes, masked, image_sizes, h, w)
+        return x.masked_fill(hide.unsqueeze(1), 0.0)
+
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, boxes: torch.Tensor, box_mask: torch.Tensor,
+                masked_regions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """images uint8 [B, 3, H, W]; image_sizes [B, 2] (h, w); boxes [B, N, 4] pixels; box_mask [B, N];
+        masked_regions [B, N] bool (pixels zeroed before the backbone).
+
+        Returns appearance [B, 1+N, F] (element 0: the whole-image box), boxes [B, 1+N, 4] and
+        class_logits [B, 1+N, num_classes]. Padded boxes are computed but meaningless.
+        """
+        b, n = box_mask.shape
+        if masked_regions is None:
+            masked_regions = torch.zeros_like(box_mask)
+        x = self.normalise(images, image_sizes, boxes, masked_regions & box_mask)
+        if self.cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        features = self.backbone(x)  # [B, C4, H/16, W/16]
+        hw = image_sizes.flip(-1).to(boxes.dtype)  # (w, h)
+        whole = torch.cat([torch.zeros_like(hw), hw], -1).unsqueeze(1)  # [B, 1, 4]
+        all_boxes = torch.cat([whole, boxes], 1)  # [B, 1+N, 4]
+        index = torch.arange(b, device=boxes.device, dtype=boxes.dtype).view(b, 1, 1).expand(b, n + 1, 1)
+        rois = torch.cat([index, all_boxes], -1).reshape(-1, 5).to(features.dtype)
+        crops = roi_align(features, rois, self.cfg.roi_output_size, spatial_scale=1 / 16, sampling_ratio=0,
+                          aligned=True)  # [B*(1+N), C4, 14, 14]
+        appearance = self.box_head(crops).mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
+        return {"appearance": appearance, "boxes": all_boxes, "class_logits": self.object_classifier(appearance)}

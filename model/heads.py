@@ -1,0 +1,56 @@
+"""Pretraining heads and the [CLS] pooler. Names follow transformers' BertForPreTraining
+(`cls.predictions.*`, `pooler.dense`) so BERT checkpoints load by name."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import VLBertConfig
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x):
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+
+class MaskedLanguageModelingHead(nn.Module):
+    """transform + LayerNorm + decoder tied to the word embeddings + bias."""
+
+    def __init__(self, cfg: VLBertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] (pass only the masked positions: logits over 30k words are costly)."""
+        return self.decoder(self.transform(hidden)) + self.bias
+
+
+class MaskedRoIClassificationHead(nn.Module):
+    """Predicts a masked region's object class from its output feature (class count from config)."""
+
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.fast_rcnn.num_classes)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.transform(hidden))
+
+
+class BertPooler(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, cls_hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(cls_hidden))

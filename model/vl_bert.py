@@ -1,0 +1,282 @@
+"""VL-BERT (Su et al., ICLR 2020, section 3.2): one Transformer over words and image regions.
+
+Sequence: `[CLS] words(A) [SEP] (words(B) [SEP]) | [IMG](whole image) [IMG] x regions | [END]`.
+Each element's embedding = token + visual feature + segment (A, B, C) + position:
+- words (and [CLS]/[SEP]/[END]) take the whole-image region's visual feature (or, per word, an
+  object's, for VCR-style references); text-only samples take one learnable visual embedding;
+- regions take their own: FC(appearance ++ sine/cosine geometry); their token is [IMG], or a learned
+  RoI-[MASK] embedding when the region is masked; all regions share one position.
+The visual terms go through LayerNorms whose gain starts at zero, as in the official code, so a
+freshly loaded BERT computes exactly what it computed as a text model and vision is learned in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import VLBertConfig
+from .encoder import BertEncoder, KVCache
+from .fast_rcnn import FastRCNN
+from .heads import BertPooler, MaskedLanguageModelingHead, MaskedRoIClassificationHead
+
+SEGMENT_A, SEGMENT_B, SEGMENT_C = 0, 1, 2
+
+
+def geometry_embedding(boxes: torch.Tensor, dim: int, wave_length: float = 1000.0) -> torch.Tensor:
+    """Relation Networks' sine/cosine embedding of normalised (x1/W, y1/H, x2/W, y2/H) -> [..., dim]."""
+    if dim % 8:
+        raise ValueError(f"geometry_size must be a multiple of 8, got {dim}")
+    k = dim // 8
+    freqs = wave_length ** (torch.arange(k, device=boxes.device, dtype=torch.float32) / k)
+    angles = (boxes.float() * 100.0).unsqueeze(-1) / freqs  # [..., 4, k]
+    return torch.cat([angles.sin(), angles.cos()], -1).flatten(-2)  # [..., 4 * 2k]
+
+
+def assemble_text(a_ids: torch.Tensor, a_mask: torch.Tensor, b_ids: torch.Tensor | None = None,
+                  b_mask: torch.Tensor | None = None, *, cls_id: int, sep_id: int, pad_id: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Word ids of sentences A (and B), right-padded -> `[CLS] A [SEP] (B [SEP])`, right-padded.
+
+    Returns input_ids [B, T], token_type_ids [B, T] (A = 0, B = 1) and text_mask [B, T]. Tensor ops
+    only: each token is scattered to its place.
+    """
+    bsz, ta = a_ids.shape
+    dev = a_ids.device
+    la = a_mask.sum(1)
+    tb = b_ids.shape[1] if b_ids is not None else 0
+    lb = b_mask.sum(1) if b_ids is not None else torch.zeros_like(la)
+    total = 2 + ta + (tb + 1 if b_ids is not None else 0)
+    ids = torch.full((bsz, total + 1), pad_id, dtype=torch.long, device=dev)  # last column: a dump
+    types = torch.zeros((bsz, total + 1), dtype=torch.long, device=dev)
+    dump = torch.full_like(a_ids, total)
+    ids[:, 0] = cls_id
+    ids.scatter_(1, torch.where(a_mask, 1 + torch.arange(ta, device=dev), dump), a_ids)
+    ids.scatter_(1, (1 + la).unsqueeze(1), sep_id)
+    length = 2 + la
+    if b_ids is not None:
+        pos_b = 2 + la.unsqueeze(1) + torch.arange(tb, device=dev)
+        ids.scatter_(1, torch.where(b_mask, pos_b, torch.full_like(b_ids, total)), b_ids)
+        types.scatter_(1, torch.where(b_mask, pos_b, torch.full_like(b_ids, total)), SEGMENT_B)
+        ids.scatter_(1, (2 + la + lb).unsqueeze(1), sep_id)
+        types.scatter_(1, (2 + la + lb).unsqueeze(1), SEGMENT_B)
+        length = length + lb + 1
+    mask = torch.arange(total + 1, device=dev) < length.unsqueeze(1)
+    width = int(length.max()) if bsz else 0
+    return ids[:, :width], types[:, :width], mask[:, :width]
+
+
+class VLBertEmbeddings(nn.Module):
+    def __init__(self, cfg: VLBertConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, h, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, h)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, h)
+        self.LayerNorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.roi_mask_embedding = nn.Parameter(torch.zeros(h))  # replaces [IMG] for masked regions
+        if cfg.visual_embedding == "vlbert":
+            self.visual_feature_embedding: nn.Module = nn.Identity()  # set by VLBert once F is known
+            self.text_only_visual_embedding = nn.Parameter(torch.zeros(cfg.visual_size))
+            self.visual_projection_text = nn.Linear(cfg.visual_size, h)
+            self.visual_projection_object = nn.Linear(cfg.visual_size, h)
+            self.visual_ln_text = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+            self.visual_ln_object = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+        elif cfg.visual_embedding == "linear":
+            # BERT-gen: the only visual parameters are one Linear(F + 4 box coordinates -> hidden)
+            self.visual_linear = nn.Linear(cfg.precomputed_feature_size + 4, h)
+        else:
+            raise ValueError(f"visual_embedding: '{cfg.visual_embedding}' is not 'vlbert' or 'linear'")
+
+    def build_visual_feature_embedding(self, appearance_size: int) -> None:
+        cfg = self.cfg
+        self.visual_feature_embedding = nn.Sequential(
+            nn.Dropout(cfg.visual_dropout), nn.Linear(appearance_size + cfg.geometry_size, cfg.visual_size),
+            nn.ReLU())
+
+    def visual_features(self, appearance: torch.Tensor, boxes_normalised: torch.Tensor) -> torch.Tensor:
+        """FC(appearance ++ geometry): [B, R, F], [B, R, 4] -> [B, R, visual_size]."""
+        geometry = geometry_embedding(boxes_normalised, self.cfg.geometry_size).to(appearance.dtype)
+        return self.visual_feature_embedding(torch.cat([appearance, geometry], -1))
+
+    def text_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
+        return self.visual_ln_text(self.visual_projection_text(visual))
+
+    def object_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
+        return self.visual_ln_object(self.visual_projection_object(visual))
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.LayerNorm(x))
+
+
+@dataclass
+class VLBertOutput:
+    last_hidden_state: torch.Tensor  # [B, L, hidden], L = T + (1 + N + 1 with an image)
+    attention_mask: torch.Tensor  # [B, L] bool
+    text_length: int  # T: elements [0, T) are the text part
+    num_regions: int  # 1 + N visual elements follow (element T is the whole image), then [END]
+    pooled: torch.Tensor  # [B, hidden] tanh(W [CLS])
+    region_class_logits: torch.Tensor | None = None  # Fast R-CNN's object logits [B, 1+N, classes]
+    hidden_states: list[torch.Tensor] | None = None
+    attentions: list[torch.Tensor] | None = None
+    cache: KVCache | None = None
+
+    @property
+    def text_hidden(self) -> torch.Tensor:  # [B, T, hidden]: [CLS], words, [SEP]s
+        return self.last_hidden_state[:, : self.text_length]
+
+    @property
+    def region_hidden(self) -> torch.Tensor:  # [B, 1+N, hidden]: whole image, then the regions
+        return self.last_hidden_state[:, self.text_length: self.text_length + self.num_regions]
+
+
+class VLBert(nn.Module):
+    def __init__(self, cfg: VLBertConfig, with_fast_rcnn: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = VLBertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+        self.pooler = BertPooler(cfg)
+        self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if with_fast_rcnn and cfg.visual_embedding == "vlbert" else None
+        if cfg.visual_embedding == "vlbert":
+            appearance = self.fast_rcnn.feature_size if self.fast_rcnn is not None else cfg.precomputed_feature_size
+            self.embeddings.build_visual_feature_embedding(appearance)
+        self.apply(self._init_weights)
+        if cfg.visual_embedding == "vlbert":
+            for ln in (self.embeddings.visual_ln_text, self.embeddings.visual_ln_object):
+                nn.init.constant_(ln.weight, cfg.visual_ln_init)
+        if self.fast_rcnn is not None and cfg.fast_rcnn.weights:
+            self.fast_rcnn.load_weights(cfg.fast_rcnn.weights)  # _init_weights must not overwrite them
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.cfg.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                module.weight.data[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, VLBertEmbeddings):
+            nn.init.normal_(module.roi_mask_embedding, std=std)
+            if hasattr(module, "text_only_visual_embedding"):
+                nn.init.normal_(module.text_only_visual_embedding, std=std)
+
+    # -- the visual input ----------------------------------------------------------------------------
+
+    def region_features(self, *, images=None, image_sizes=None, boxes=None, box_mask=None, masked_regions=None,
+                        region_features=None, image_hw=None):
+        """Appearance [B, 1+N, F], normalised boxes [B, 1+N, 4] and object logits, from pixels (end to
+        end) or from precomputed [B, N, F] features. Element 0 is the whole image: in precomputed mode
+        its appearance is the mean of the unmasked regions' features, and masked regions are zeroed."""
+        if masked_regions is None:
+            masked_regions = torch.zeros_like(box_mask)
+        if region_features is None:
+            if self.fast_rcnn is None:
+                raise ValueError("this VLBert has no Fast R-CNN: pass region_features (precomputed mode)")
+            out = self.fast_rcnn(images, image_sizes, boxes, box_mask, masked_regions)
+            hw = image_sizes.to(out["boxes"].dtype)
+            appearance, all_boxes, logits = out["appearance"], out["boxes"], out["class_logits"]
+        else:
+            if image_hw is None:
+                raise ValueError("precomputed region features need image_hw [B, 2] to normalise the boxes")
+            hw = image_hw.to(boxes.dtype)
+            keep = (box_mask & ~masked_regions).unsqueeze(-1)
+            feats = region_features.masked_fill(~keep, 0.0)
+            whole = feats.sum(1, keepdim=True) / keep.sum(1, keepdim=True).clamp(min=1)
+            appearance = torch.cat([whole, feats], 1)
+            whole_box = torch.cat([torch.zeros_like(hw), hw.flip(-1)], -1).unsqueeze(1)
+            all_boxes = torch.cat([whole_box, boxes], 1)
+            logits = None
+        scale = hw.flip(-1).repeat(1, 2).unsqueeze(1)  # [B, 1, 4]: (w, h, w, h)
+        return appearance, all_boxes / scale, logits
+
+    # -- forward -------------------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, text_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                *, images: torch.Tensor | None = None, image_sizes: torch.Tensor | None = None,
+                boxes: torch.Tensor | None = None, box_mask: torch.Tensor | None = None,
+                masked_regions: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
+                image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> VLBertOutput:
+        """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
+        `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
+        [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
+        Fast R-CNN, or region_features [B, N, F] + image_hw [B, 2]. word_region_index [B, T]: the
+        region whose feature a word takes as its visual term (-1 = the whole image)."""
+        cfg, emb = self.cfg, self.embeddings
+        bsz, t = input_ids.shape
+        dev = input_ids.device
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        positions = torch.arange(t, device=dev).expand(bsz, t)
+        text = emb.word_embeddings(input_ids) + emb.position_embeddings(positions) + \
+            emb.token_type_embeddings(token_type_ids)  # [B, T, hidden]
+        has_image = boxes is not None
+        region_logits = None
+        if cfg.visual_embedding == "linear":
+            raise ValueError("visual_embedding='linear' (BERT-gen) builds its own sequence: use embed_regions_linear")
+        if not has_image:
+            text = text + emb.text_visual_term(emb.text_only_visual_embedding)  # shared by every word
+            x, mask, n_regions = text, text_mask, 0
+        else:
+            if masked_regions is None:
+                masked_regions = torch.zeros_like(box_mask)
+            appearance, boxes_norm, region_logits = self.region_features(
+                images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
+                masked_regions=masked_regions, region_features=region_features, image_hw=image_hw)
+            visual = emb.visual_features(appearance, boxes_norm)  # [B, 1+N, visual_size]
+            if word_region_index is None:
+                word_visual = visual[:, :1].expand(bsz, t, -1)
+            else:
+                index = (word_region_index + 1).clamp(min=0).unsqueeze(-1).expand(bsz, t, visual.shape[-1])
+                word_visual = visual.gather(1, index)
+            text = text + emb.text_visual_term(word_visual)
+            n_regions = visual.shape[1]
+            is_masked = torch.cat([torch.zeros_like(masked_regions[:, :1]), masked_regions & box_mask], 1)
+            img_token = emb.word_embeddings.weight[cfg.img_token_id]
+            token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, img_token)  # [B, 1+N, hidden]
+            text_len = text_mask.sum(1, keepdim=True)  # [B, 1]: regions share the position after the text
+            region_pos = emb.position_embeddings(text_len).expand(bsz, n_regions, -1)
+            segment_c = emb.token_type_embeddings.weight[SEGMENT_C]
+            regions = token + emb.object_visual_term(visual) + region_pos + segment_c
+            end = (emb.word_embeddings.weight[cfg.end_token_id] + emb.position_embeddings(text_len + 1).squeeze(1)
+                   + segment_c + emb.text_visual_term(visual[:, 0])).unsqueeze(1)  # [B, 1, hidden]
+            x = torch.cat([text, regions, end], 1)
+            ones = torch.ones_like(text_mask[:, :1])
+            mask = torch.cat([text_mask, ones, box_mask, ones], 1)
+        encoded = self.encoder(emb.finish(x), mask, output_hidden_states=output_hidden_states,
+                               output_attentions=output_attentions)
+        hidden = encoded.last_hidden_state
+        return VLBertOutput(hidden, mask, t, n_regions, self.pooler(hidden[:, 0]), region_logits,
+                            encoded.hidden_states, encoded.attentions)
+
+    def embed_regions_linear(self, region_features: torch.Tensor, boxes_normalised: torch.Tensor) -> torch.Tensor:
+        """BERT-gen's image tokens: Linear(features ++ 4 normalised box coordinates) -> [B, N, hidden]."""
+        return self.embeddings.visual_linear(torch.cat([region_features, boxes_normalised.to(region_features.dtype)], -1))
+
+
+class VLBertForPretraining(nn.Module):
+    """VL-BERT with the MLM head (decoder tied to the word embeddings) and the masked RoI
+    classification head. Heads take only the positions they score."""
+
+    def __init__(self, cfg: VLBertConfig, with_fast_rcnn: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.vl_bert = VLBert(cfg, with_fast_rcnn)
+        self.mlm_head = MaskedLanguageModelingHead(cfg, self.vl_bert.embeddings.word_embeddings)
+        self.masked_roi_classification = MaskedRoIClassificationHead(cfg)
+        for module in (self.mlm_head, self.masked_roi_classification):
+            module.apply(self.vl_bert._init_weights)
+        self.mlm_head.decoder.weight = self.vl_bert.embeddings.word_embeddings.weight  # re-tie after init
+
+    def forward(self, *args, **kwargs) -> VLBertOutput:
+        return self.vl_bert(*args, **kwargs)
