@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -105,7 +106,7 @@ samples per pass, {args.repeats} interleaved passes; median (min-max). Machine: 
 | --- | --- |
 | `shards.reader.StreamLoader` (tar shards) | {median_range(results["ours"])} |
 | map-style Dataset over the image folder | {median_range(results["folder"])} |
-| **ratio** | **{median_range(ratios).replace(".1f", "")}** |
+| **ratio** | **{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})** |
 """)
     return summary
 

@@ -35,7 +35,8 @@ def median_range(values: list[float]) -> str:
 def update_section(name: str, body: str) -> None:
     """Replace the text between `<!-- bench:name -->` and `<!-- /bench:name -->` (appending if new)."""
     DOC.parent.mkdir(exist_ok=True)
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\nEvery figure is a ratio against a peer measured in the same run.\n"
+    header = "# Benchmarks\n\nEvery figure is a ratio against a peer measured in the same run.\n"
+    text = DOC.read_text() if DOC.exists() else header
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{start}\n{body.strip()}\n{end}"
     if start in text:

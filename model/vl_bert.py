@@ -261,7 +261,8 @@ class VLBert(nn.Module):
 
     def embed_regions_linear(self, region_features: torch.Tensor, boxes_normalised: torch.Tensor) -> torch.Tensor:
         """BERT-gen's image tokens: Linear(features ++ 4 normalised box coordinates) -> [B, N, hidden]."""
-        return self.embeddings.visual_linear(torch.cat([region_features, boxes_normalised.to(region_features.dtype)], -1))
+        boxes = boxes_normalised.to(region_features.dtype)
+        return self.embeddings.visual_linear(torch.cat([region_features, boxes], -1))
 
 
 class VLBertForPretraining(nn.Module):
