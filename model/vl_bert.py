@@ -259,6 +259,15 @@ class VLBert(nn.Module):
         return VLBertOutput(hidden, mask, t, n_regions, self.pooler(hidden[:, 0]), region_logits,
                             encoded.hidden_states, encoded.attentions)
 
+    def encode(self, embeddings: torch.Tensor, mask: torch.Tensor, *, past: KVCache | None = None,
+               use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False):
+        """The encoder on summed embeddings (before the embedding LayerNorm) of new positions.
+
+        For decoders: with `past` (the cache of earlier positions) and a mask [B, L_new, L_past + L_new],
+        new positions attend to cached keys/values without re-encoding them."""
+        return self.encoder(self.embeddings.finish(embeddings), mask, past=past, use_cache=use_cache,
+                            output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
     def embed_regions_linear(self, region_features: torch.Tensor, boxes_normalised: torch.Tensor) -> torch.Tensor:
         """BERT-gen's image tokens: Linear(features ++ 4 normalised box coordinates) -> [B, N, hidden]."""
         boxes = boxes_normalised.to(region_features.dtype)

@@ -1,0 +1,52 @@
+import pytest
+import torch
+import torchvision
+from torchvision.ops import roi_align
+
+from model.config import FastRCNNConfig
+from model.fast_rcnn import FastRCNN
+
+
+def test_loads_a_torchvision_resnet_state_dict(tmp_path):
+    torch.manual_seed(0)
+    resnet = torchvision.models.resnet18(weights=None)
+    torch.save(resnet.state_dict(), tmp_path / "r18.pth")
+    frcnn = FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5, weights=str(tmp_path / "r18.pth")))
+    assert torch.equal(frcnn.backbone.layer3[1].conv2.weight, resnet.layer3[1].conv2.weight)
+    assert torch.equal(frcnn.box_head[0].conv1.weight, resnet.layer4[0].conv1.weight)  # layer4 -> box head
+    assert torch.equal(frcnn.backbone.bn1.running_var, resnet.bn1.running_var)
+    with pytest.raises(ValueError, match="r18.pth"):
+        FastRCNN(FastRCNNConfig(backbone="resnet50", weights=str(tmp_path / "r18.pth")))
+
+
+def test_loads_a_faster_rcnn_state_dict(tmp_path):
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    torch.manual_seed(0)
+    body = resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5)
+    state = {f"backbone.{k}": v for k, v in body.state_dict().items()}
+    state["roi_heads.box_predictor.cls_score.weight"] = torch.zeros(5, 1024)  # dropped
+    torch.save({"model": state}, tmp_path / "frcnn.pth")
+    frcnn = FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5, weights=str(tmp_path / "frcnn.pth")))
+    assert torch.equal(frcnn.backbone.layer2[0].conv1.weight, body.body.layer2[0].conv1.weight)
+
+
+def test_region_features_are_res5_on_roialign_crops():
+    """Against torchvision's ops directly: stride-16 C4 features, RoIAlign 14x14 aligned, res5, mean."""
+    torch.manual_seed(0)
+    frcnn = FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5)).eval()
+    images = torch.randint(0, 256, (1, 3, 64, 80), dtype=torch.uint8)
+    sizes = torch.tensor([[64, 80]])
+    boxes = torch.tensor([[[8.0, 4.0, 40.0, 50.0]]])
+    with torch.no_grad():
+        out = frcnn(images, sizes, boxes, torch.ones(1, 1, dtype=torch.bool))
+        x = (images.float() / 255 - torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)) / \
+            torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+        c4 = frcnn.backbone(x)
+        assert c4.shape[-2:] == (4, 5)  # stride 16
+        rois = torch.tensor([[0, 0, 0, 80, 64], [0, 8.0, 4.0, 40.0, 50.0]])
+        crops = roi_align(c4, rois, 14, spatial_scale=1 / 16, sampling_ratio=0, aligned=True)
+        expected = frcnn.box_head(crops).mean((2, 3))
+    torch.testing.assert_close(out["appearance"][0], expected, atol=1e-4, rtol=1e-4)
+    assert out["appearance"].shape == (1, 2, 512)
+    assert out["boxes"][0, 0].tolist() == [0, 0, 80, 64]  # the whole-image box comes first

