@@ -49,6 +49,9 @@ def expand_paths(pattern: str) -> list[str]:
         part = part.strip()
         if not part:
             continue
+        if part.startswith("pipe:") or "://" in part:
+            paths.extend(braceexpand(part))  # streamed (e.g. `pipe:aws s3 cp s3://.../{0..99}.tar -`)
+            continue
         matched = sorted(p for expanded in braceexpand(part) for p in glob.glob(expanded))
         if not matched:
             raise FileNotFoundError(f"no files match '{part}'")

@@ -250,3 +250,13 @@ def test_packaged_minilm_reproduces_transformers():
         out = model(enc["input_ids"], enc["attention_mask"].bool(), enc["token_type_ids"])
     m = enc["attention_mask"].bool()
     torch.testing.assert_close(out.last_hidden_state[m], ref[m], atol=1e-5, rtol=0)
+
+
+def test_bf16_autocast_end_to_end(tiny_model):
+    batch = make_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(tiny_model, batch, masked_regions=torch.zeros(2, 4, dtype=torch.bool))
+        logits = tiny_model.mlm_head(out.text_hidden)
+    assert torch.isfinite(logits.float()).all()  # logits come out fp32 (bias add), as a loss wants
+    ref = run(tiny_model, batch).last_hidden_state
+    assert (out.last_hidden_state.float() - ref).abs().max() < 0.15  # bf16 keeps ~3 significant digits
