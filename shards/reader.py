@@ -228,9 +228,11 @@ def _dist_rank_world() -> tuple[int, int]:
 class MixedStream(IterableDataset):
     """Yields batches of `caption_batch_size` caption samples and `text_batch_size` text samples."""
 
-    def __init__(self, cfg: StreamConfig, rank: int | None = None, world_size: int | None = None):
+    def __init__(self, cfg: StreamConfig, rank: int | None = None, world_size: int | None = None,
+                 transform=None):
         super().__init__()
         self.cfg = cfg
+        self.transform = transform  # applied to each batch in the worker (e.g. pretraining's masking)
         if rank is None or world_size is None:
             rank, world_size = _dist_rank_world()
         self.rank, self.world_size = rank, world_size
@@ -277,7 +279,7 @@ class MixedStream(IterableDataset):
                 batch["caption"] = collate_captions(caps, cfg.size_divisibility)
             if txts:
                 batch["text"] = collate_text(txts)
-            yield batch
+            yield self.transform(batch) if self.transform is not None else batch
             k += 1
 
 
@@ -289,9 +291,9 @@ class StreamLoader:
     """
 
     def __init__(self, cfg: StreamConfig, rank: int | None = None, world_size: int | None = None,
-                 pin_memory: bool = False, prefetch_factor: int = 2):
+                 pin_memory: bool = False, prefetch_factor: int = 2, transform=None):
         self.cfg = cfg
-        self.dataset = MixedStream(cfg, rank, world_size)
+        self.dataset = MixedStream(cfg, rank, world_size, transform)
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.next_index = 0

@@ -1,0 +1,40 @@
+"""The one box-overlap function set: IoU and intersection-over-target, used by RoI co-masking,
+RefCOCO+ labels and accuracy, and the cross-modal ablation diagnostic.
+
+Boxes are (x1, y1, x2, y2) in continuous pixel coordinates (x2 exclusive). Flickr30k Entities'
+1-based inclusive corners convert with `from_one_based_inclusive`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _intersection(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    lt = torch.maximum(a[..., :, None, :2], b[..., None, :, :2])
+    rb = torch.minimum(a[..., :, None, 2:], b[..., None, :, 2:])
+    wh = (rb - lt).clamp(min=0)
+    return wh[..., 0] * wh[..., 1]
+
+
+def area(boxes: torch.Tensor) -> torch.Tensor:
+    return (boxes[..., 2] - boxes[..., 0]).clamp(min=0) * (boxes[..., 3] - boxes[..., 1]).clamp(min=0)
+
+
+def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[..., N, 4] x [..., M, 4] -> [..., N, M] intersection over union (0 where both are empty)."""
+    inter = _intersection(a, b)
+    union = area(a)[..., :, None] + area(b)[..., None, :] - inter
+    return torch.where(union > 0, inter / union.clamp(min=1e-12), torch.zeros_like(inter))
+
+
+def box_iot(regions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Intersection over *target* area: [..., N, 4] regions x [..., M, 4] targets -> [..., N, M]."""
+    inter = _intersection(regions, targets)
+    target_area = area(targets)[..., None, :]
+    return torch.where(target_area > 0, inter / target_area.clamp(min=1e-12), torch.zeros_like(inter))
+
+
+def from_one_based_inclusive(boxes: torch.Tensor) -> torch.Tensor:
+    """PASCAL VOC / Flickr30k corners (1-based, inclusive) -> 0-based continuous (x2, y2 exclusive)."""
+    return boxes.to(torch.float32) - torch.tensor([1.0, 1.0, 0.0, 0.0], device=boxes.device)

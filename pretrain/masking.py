@@ -1,0 +1,140 @@
+"""Masking for VL-BERT's pretraining tasks, applied to collated batches inside the data workers.
+
+- Masked language modelling: 15% of words, whole words (every word-piece of a chosen word), each
+  chosen piece 80% [MASK] / 10% a random word / 10% unchanged.
+- Masked RoI classification: 15% of regions (the whole-image region is added inside the model and
+  is never among them); 90% of those have their pixels zeroed before the Fast R-CNN, 10% stay
+  visible; optionally regions overlapping a zeroed one (IoU above a threshold) are zeroed too.
+- Caption samples hold at most `max_caption_elements` words + regions: the lowest-scoring regions or
+  the caption tail go, whichever is longer, one at a time, as the official code does.
+
+Randomness comes from a generator seeded by (seed, rank, batch index), so a resumed run masks its
+batches exactly as the uninterrupted run did. Positions of the targets are computed here, on the
+CPU, so the training step gathers them without a host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.boxes import box_iou
+from model.vl_bert import assemble_text
+
+IGNORE = -100
+
+
+@dataclass
+class MaskingConfig:
+    mlm_probability: float = 0.15  # fraction of words chosen for masked language modelling
+    mask_fraction: float = 0.8  # of chosen word-pieces: replaced by [MASK] ...
+    random_fraction: float = 0.1  # ... by a random word (the rest stay unchanged)
+    mrc_probability: float = 0.15  # fraction of regions chosen for masked RoI classification
+    mrc_zero_fraction: float = 0.9  # of chosen regions: pixels zeroed (the rest stay visible)
+    co_mask_iou: float | None = None  # zero regions overlapping a zeroed one above this IoU; None = off
+    max_caption_elements: int = 64  # words + regions of a caption sample
+
+
+def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:
+    """The official rule, in closed form: drop from the longer side one at a time (ties: words)."""
+    excess = words + regions - limit
+    if excess <= 0:
+        return words, regions
+    if abs(words - regions) >= excess:
+        return (words - excess, regions) if words > regions else (words, regions - excess)
+    return limit // 2, limit - limit // 2
+
+
+class PretrainMasker:
+    def __init__(self, cfg: MaskingConfig, tokenizer, *, cls_id: int, sep_id: int, mask_id: int, num_classes: int,
+                 pad_id: int = 0, seed: int = 0, rank: int = 0):
+        self.cfg = cfg
+        self.num_classes = num_classes
+        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        self.continuation = torch.tensor([t.startswith("##") for t in tokens])
+        # random replacements are real words, not [PAD]/[unused*]/[CLS]/...
+        self.first_word_id = next(i for i, t in enumerate(tokens) if not (t.startswith("[") and t.endswith("]")))
+        self.vocab_size = len(tokens)
+        self.cls_id, self.sep_id, self.mask_id, self.pad_id = cls_id, sep_id, mask_id, pad_id
+        self.seed, self.rank = seed, rank
+
+    def generator(self, index: int) -> torch.Generator:
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + self.rank) * 1_000_033 + index)
+
+    # -- words --------------------------------------------------------------------------------------
+
+    def mask_words(self, ids: torch.Tensor, valid: torch.Tensor, g: torch.Generator):
+        """Whole-word masking of [B, T] word ids -> (input ids, labels with IGNORE where not chosen)."""
+        c = self.cfg
+        b, t = ids.shape
+        starts = valid & ~self.continuation[ids]
+        word_of_token = (starts.cumsum(1) - 1).clamp(min=0)  # [B, T]
+        chosen_words = torch.rand(b, t, generator=g) < c.mlm_probability
+        chosen = chosen_words.gather(1, word_of_token) & valid
+        if not chosen.any() and valid.any():  # at least one target per batch keeps the loss defined
+            first = int(valid.any(1).nonzero()[0])
+            chosen[first] = valid[first] & (word_of_token[first] == 0)
+        labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
+        r = torch.rand(b, t, generator=g)
+        out = torch.where(chosen & (r < c.mask_fraction), torch.full_like(ids, self.mask_id), ids)
+        random_words = torch.randint(self.first_word_id, self.vocab_size, (b, t), generator=g)
+        use_random = chosen & (r >= c.mask_fraction) & (r < c.mask_fraction + c.random_fraction)
+        return torch.where(use_random, random_words, out), labels
+
+    def _text_inputs(self, ids, valid, g) -> dict:
+        masked, labels = self.mask_words(ids, valid, g)
+        input_ids, token_types, text_mask = assemble_text(masked, valid, cls_id=self.cls_id, sep_id=self.sep_id,
+                                                          pad_id=self.pad_id)
+        labels, _, _ = assemble_text(labels, valid, cls_id=IGNORE, sep_id=IGNORE, pad_id=IGNORE)
+        positions = (labels != IGNORE).flatten().nonzero().squeeze(1)  # into [B * T] of the text part
+        return {"input_ids": input_ids, "token_type_ids": token_types, "text_mask": text_mask,
+                "mlm_positions": positions, "mlm_labels": labels.flatten()[positions]}
+
+    # -- samples ------------------------------------------------------------------------------------
+
+    def text(self, batch: dict, g: torch.Generator) -> dict:
+        return self._text_inputs(batch["input_ids"], batch["attention_mask"], g)
+
+    def caption(self, batch: dict, g: torch.Generator) -> dict:
+        c = self.cfg
+        ids, valid = batch["input_ids"], batch["attention_mask"].clone()
+        box_mask, scores = batch["box_mask"].clone(), batch["box_scores"]
+        b, n = box_mask.shape
+        # element budget: per sample (a handful of integers, not per token)
+        order = torch.argsort(scores.masked_fill(~box_mask, -1e9), dim=1, descending=True, stable=True)
+        rank = torch.argsort(order, dim=1)  # 0 = best-scoring region of the sample
+        for i, (words, regions) in enumerate(zip(valid.sum(1).tolist(), box_mask.sum(1).tolist())):
+            keep_words, keep_regions = trimmed_lengths(words, regions, c.max_caption_elements)
+            valid[i, keep_words:] = False
+            box_mask[i] &= rank[i] < keep_regions
+        out = self._text_inputs(torch.where(valid, ids, self.pad_id), valid, g)
+        # masked RoI classification
+        chosen = (torch.rand(b, n, generator=g) < c.mrc_probability) & box_mask
+        if not chosen.any() and box_mask.any():
+            first = int(box_mask.any(1).nonzero()[0])
+            chosen[first, int(box_mask[first].nonzero()[0])] = True
+        zeroed = chosen & (torch.rand(b, n, generator=g) < c.mrc_zero_fraction)
+        if c.co_mask_iou is not None:
+            overlap = box_iou(batch["boxes"], batch["boxes"]) > c.co_mask_iou  # [B, N, N]
+            # neighbours of a zeroed region are hidden too; targets kept visible (the 10%) stay visible
+            zeroed = zeroed | ((overlap & zeroed.unsqueeze(1)).any(-1) & box_mask & ~chosen)
+        positions = chosen.flatten().nonzero().squeeze(1)  # into [B * N] of the regions (whole image excluded)
+        probs = batch.get("class_probs")
+        if probs is None:  # no detector distributions stored: the detector's class as a one-hot target
+            probs = torch.nn.functional.one_hot(batch["box_classes"].clamp(min=0), self.num_classes)
+        out.update({"images": batch["images"], "image_sizes": batch["image_sizes"], "boxes": batch["boxes"],
+                    "box_mask": box_mask, "masked_regions": zeroed, "mrc_positions": positions,
+                    "mrc_probs": probs.flatten(0, 1)[positions].float(),
+                    "mrc_labels": batch["box_classes"].flatten()[positions]})
+        return out
+
+    def __call__(self, batch: dict) -> dict:
+        g = self.generator(batch["index"])
+        out = {k: v for k, v in batch.items() if k not in ("caption", "text")}
+        if "caption" in batch:
+            out["caption"] = self.caption(batch["caption"], g)
+            out["caption"]["keys"] = batch["caption"]["keys"]
+        if "text" in batch:
+            out["text"] = self.text(batch["text"], g)
+        return out

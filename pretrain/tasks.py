@@ -1,0 +1,77 @@
+"""VL-BERT's pretraining tasks as one module the training engine steps: masked language modelling
+with visual clues (caption samples), masked RoI classification with linguistic clues, and plain MLM
+on text-only samples. Every batch holds both kinds of sample; the losses are summed with weights.
+
+The MLM head runs only on the masked positions (positions computed by the data workers, so no host
+sync): logits over a 30k vocabulary at every position are the single most wasteful thing a BERT
+pretraining step can do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.vl_bert import VLBertForPretraining
+
+
+@dataclass
+class LossConfig:
+    mlm_caption_weight: float = 1.0
+    mrc_weight: float = 1.0
+    mlm_text_weight: float = 1.0
+    mrc_target: str = "soft"  # "soft": cross-entropy to the detector's class distribution (official);
+    #                          "hard": cross-entropy to the detector's class; "kl": MRC-KL (UNITER/volta)
+
+
+def masked_roi_loss(logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    log_q = logits.float().log_softmax(-1)
+    if kind == "soft":
+        return -(probs * log_q).sum(-1).mean()
+    if kind == "kl":
+        return (probs * (probs.clamp(min=1e-12).log() - log_q)).sum(-1).mean()
+    if kind == "hard":
+        return F.nll_loss(log_q, labels)
+    raise ValueError(f"mrc_target: '{kind}' is not soft, hard or kl")
+
+
+class VLBertPretraining(nn.Module):
+    def __init__(self, model: VLBertForPretraining, losses: LossConfig):
+        super().__init__()
+        self.model = model
+        self.losses = losses
+        masked_roi_loss(torch.zeros(1, 2), torch.ones(1, 2) / 2, torch.zeros(1, dtype=torch.long), losses.mrc_target)
+
+    def _mlm(self, out, batch):
+        hidden = out.text_hidden.flatten(0, 1)[batch["mlm_positions"]]  # [M, hidden]
+        logits = self.model.mlm_head(hidden).float()
+        labels = batch["mlm_labels"]
+        return F.cross_entropy(logits, labels), (logits.argmax(-1) == labels).float().mean()
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg = self.losses
+        total = 0.0
+        metrics: dict[str, torch.Tensor] = {}
+        if "caption" in batch:
+            c = batch["caption"]
+            out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], images=c["images"],
+                             image_sizes=c["image_sizes"], boxes=c["boxes"], box_mask=c["box_mask"],
+                             masked_regions=c["masked_regions"])
+            mlm, mlm_acc = self._mlm(out, c)
+            regions = out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]]  # [K, hidden], no whole image
+            mrc_logits = self.model.masked_roi_classification(regions)
+            mrc = masked_roi_loss(mrc_logits, c["mrc_probs"], c["mrc_labels"], cfg.mrc_target)
+            total = total + cfg.mlm_caption_weight * mlm + cfg.mrc_weight * mrc
+            metrics.update({"loss/mlm_caption": mlm, "loss/mrc": mrc, "acc/mlm_caption": mlm_acc,
+                            "acc/mrc": (mrc_logits.argmax(-1) == c["mrc_labels"]).float().mean()})
+        if "text" in batch:
+            t = batch["text"]
+            out = self.model(t["input_ids"], t["text_mask"], t["token_type_ids"])
+            mlm, mlm_acc = self._mlm(out, t)
+            total = total + cfg.mlm_text_weight * mlm
+            metrics.update({"loss/mlm_text": mlm, "acc/mlm_text": mlm_acc})
+        metrics["loss/total"] = total
+        return total, {k: v.detach() for k, v in metrics.items()}

@@ -1,0 +1,119 @@
+import pytest
+import torch
+
+from pretrain.masking import IGNORE, MaskingConfig, PretrainMasker, trimmed_lengths
+from shards.tokenizer import load_tokenizer
+
+
+def official_trim(words, regions, limit):
+    """The loop of the official VL-BERT dataset code."""
+    while words + regions > limit and words > 0 and regions > 0:
+        if regions > words:
+            regions -= 1
+        else:
+            words -= 1
+    return words, regions
+
+
+@pytest.mark.parametrize("words", range(1, 70, 7))  # captions are never empty (writers skip them)
+@pytest.mark.parametrize("regions", range(1, 101, 9))
+def test_trim_rule_matches_the_official_loop(words, regions):
+    assert trimmed_lengths(words, regions, 64) == official_trim(words, regions, 64)
+
+
+@pytest.fixture(scope="module")
+def masker():
+    tok = load_tokenizer(None)
+    return tok, PretrainMasker(MaskingConfig(), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+
+
+def test_whole_words_are_masked_together(masker):
+    tok, m = masker
+    text = "unbelievably tokenization of extraordinarily hyperparameters " * 6
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]] * 64)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    _, labels = m.mask_words(ids, valid, torch.Generator().manual_seed(0))
+    chosen = labels != IGNORE
+    cont = m.continuation[ids]
+    # a continuation piece is chosen exactly when the piece before it is
+    assert torch.equal(chosen[:, 1:][cont[:, 1:]], chosen[:, :-1][cont[:, 1:]])
+    words_chosen = chosen[~cont].float().mean().item()
+    assert 0.12 < words_chosen < 0.18  # 15% of words
+
+
+def test_80_10_10(masker):
+    tok, m = masker
+    ids = torch.randint(2000, 20000, (400, 64))
+    ids[:, :] = 2204  # "good": a whole word, so every token is its own word
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    out, labels = m.mask_words(ids, valid, torch.Generator().manual_seed(1))
+    chosen = labels != IGNORE
+    n = chosen.sum().item()
+    as_mask = (out[chosen] == 103).sum().item() / n
+    unchanged = (out[chosen] == 2204).sum().item() / n
+    assert abs(as_mask - 0.8) < 0.02 and abs(unchanged - 0.1) < 0.02
+    assert (out[chosen & (out != 103) & (out != 2204)] >= m.first_word_id).all()  # random words are words
+    assert torch.equal(out[~chosen], ids[~chosen])
+
+
+def caption_batch(b=64, n=20):
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(b, n, 2, generator=g) * 100
+    boxes = torch.cat([xy, xy + 20], -1)
+    return {"index": 3, "caption": {
+        "keys": [str(i) for i in range(b)], "input_ids": torch.full((b, 12), 2204),
+        "attention_mask": torch.ones(b, 12, dtype=torch.bool), "images": torch.zeros(b, 3, 128, 128, dtype=torch.uint8),
+        "image_sizes": torch.full((b, 2), 128), "boxes": boxes, "box_mask": torch.ones(b, n, dtype=torch.bool),
+        "box_scores": torch.rand(b, n, generator=g), "box_classes": torch.randint(1, 9, (b, n), generator=g),
+        "class_probs": torch.softmax(torch.randn(b, n, 9, generator=g), -1).half()}}
+
+
+def test_region_masking_rates_and_targets(masker):
+    _, m = masker
+    batch = caption_batch()
+    out = m(batch)["caption"]
+    b, n = batch["caption"]["box_mask"].shape
+    chosen = torch.zeros(b * n, dtype=torch.bool)
+    chosen[out["mrc_positions"]] = True
+    chosen = chosen.view(b, n)
+    assert 0.12 < chosen.float().mean().item() < 0.18
+    zeroed = out["masked_regions"]
+    assert (zeroed <= chosen).all()  # without co-masking only chosen regions are zeroed
+    assert abs(zeroed.sum().item() / chosen.sum().item() - 0.9) < 0.06
+    torch.testing.assert_close(out["mrc_probs"], batch["caption"]["class_probs"].flatten(0, 1)[out["mrc_positions"]].float())
+    assert torch.equal(out["mrc_labels"], batch["caption"]["box_classes"].flatten()[out["mrc_positions"]])
+
+
+def test_co_masking_zeroes_overlapping_regions():
+    tok = load_tokenizer(None)
+    m = PretrainMasker(MaskingConfig(mrc_probability=0.3, co_mask_iou=0.3), tok, cls_id=101, sep_id=102,
+                       mask_id=103, num_classes=9)
+    batch = caption_batch()
+    out = m(batch)["caption"]
+    from model.boxes import box_iou
+
+    iou = box_iou(batch["caption"]["boxes"], batch["caption"]["boxes"])
+    b, n = out["box_mask"].shape
+    chosen = torch.zeros(b * n, dtype=torch.bool)
+    chosen[out["mrc_positions"]] = True
+    chosen = chosen.view(b, n)
+    zeroed = out["masked_regions"]
+    primary = zeroed & chosen  # zeroed as MRC targets
+    neighbours = ((iou > 0.3) & primary.unsqueeze(1)).any(-1)
+    assert torch.equal(zeroed & ~chosen, neighbours & ~chosen)  # co-masked = exactly the overlapping ones
+    assert (zeroed & ~chosen).any()
+
+
+def test_caption_budget_and_determinism(masker):
+    _, m = masker
+    batch = caption_batch(b=4, n=60)  # 12 words + 60 regions > 64
+    out = m(batch)["caption"]
+    words = out["text_mask"].sum(1) - 2  # minus [CLS], [SEP]
+    regions = out["box_mask"].sum(1)
+    assert (words + regions).tolist() == [64] * 4 and words.tolist() == [12] * 4
+    kept_scores = batch["caption"]["box_scores"].masked_fill(~out["box_mask"], float("inf")).min(1).values
+    dropped = batch["caption"]["box_scores"].masked_fill(out["box_mask"], float("-inf")).max(1).values
+    assert (kept_scores > dropped).all()  # the lowest-scoring regions went
+    again = m(caption_batch(b=4, n=60))["caption"]
+    for k in ("input_ids", "masked_regions", "mlm_positions", "mrc_positions"):
+        assert torch.equal(out[k], again[k])  # same batch index -> same masks
