@@ -80,7 +80,8 @@ def test_region_masking_rates_and_targets(masker):
     zeroed = out["masked_regions"]
     assert (zeroed <= chosen).all()  # without co-masking only chosen regions are zeroed
     assert abs(zeroed.sum().item() / chosen.sum().item() - 0.9) < 0.06
-    torch.testing.assert_close(out["mrc_probs"], batch["caption"]["class_probs"].flatten(0, 1)[out["mrc_positions"]].float())
+    expected = batch["caption"]["class_probs"].flatten(0, 1)[out["mrc_positions"]].float()
+    torch.testing.assert_close(out["mrc_probs"], expected)
     assert torch.equal(out["mrc_labels"], batch["caption"]["box_classes"].flatten()[out["mrc_positions"]])
 
 
