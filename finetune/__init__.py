@@ -1,0 +1,1 @@
+"""Per-task finetuning (VQA, VCR, RefCOCO+, VQG)."""

@@ -1,0 +1,325 @@
+"""The one training engine: DeepSpeed ZeRO, the step loop, TensorBoard, checkpoints, exact resume.
+
+Pretraining and every finetune task plug in a module `forward(batch) -> (loss, {name: scalar})`, a
+loader with `state_dict()`/`load_state_dict()` (the shard reader's position), and optionally a
+function drawing a batch for TensorBoard.
+
+Checkpoints: `<run_dir>/checkpoints/step_NNNNNNN/` holds DeepSpeed's files (model, optimizer,
+scheduler, step), one `rank_R.pt` per rank (reader position and RNG states) and, written last once
+every rank has finished, `COMPLETE`. Resume takes the newest directory with `COMPLETE`, so a
+checkpoint half-written when the job died is never taken. SIGTERM/SIGINT stop the run gracefully
+after the current step, with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5  # VL-BERT pretraining: Adam(W), 2e-5, betas 0.9/0.999, weight decay 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 1e-4  # not applied to biases and LayerNorm gains
+    warmup_steps: int = 8000  # linear warm-up from 0, then linear decay to 0 at engine.steps
+    grad_clip: float = 1.0  # global gradient-norm clipping; 0 = off
+
+
+@dataclass
+class EngineConfig:
+    run_dir: str = "runs/pretrain"
+    steps: int = 250_000  # optimizer steps
+    zero_stage: int = 2  # DeepSpeed ZeRO stage 0/1/2/3
+    gradient_accumulation_steps: int = 1
+    precision: str = "bf16"  # bf16 | fp16 (dynamic loss scaling) | fp32 (CPU)
+    log_every: int = 10  # scalars to TensorBoard and metrics.jsonl every N steps
+    image_every: int = 500  # a drawn training sample every N steps (0 = never)
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 3  # complete checkpoints kept, newest first
+    deepspeed_config: str | None = None  # a DeepSpeed JSON whose keys override the generated ones
+    seed: int = 0
+    progress: bool = True  # console progress bar on rank 0
+    export: bool = True  # consolidated fp32 weights to <run_dir>/export at the end
+    extra: dict = field(default_factory=dict)  # free-form settings recorded with the run
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "LayerNorm" in name or "_ln_" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def linear_warmup_decay(warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return factor
+
+
+def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: int) -> dict:
+    ds = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "gradient_clipping": optim.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_allow_untested_optimizer": True,  # torch AdamW (fused on CUDA) is ours, not DeepSpeed's
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.precision == "bf16":
+        ds["bf16"] = {"enabled": True}
+    elif cfg.precision == "fp16":
+        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    elif cfg.precision != "fp32":
+        raise ValueError(f"engine.precision: '{cfg.precision}' is not bf16, fp16 or fp32")
+    if cfg.deepspeed_config:
+        overrides = json.loads(Path(cfg.deepspeed_config).read_text())
+        ds = {**ds, **overrides}
+    return ds
+
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
+    torch.set_rng_state(state["torch"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Checkpoint directories with a COMPLETE marker, oldest first."""
+    if not ckpt_dir.exists():
+        return []
+    return sorted(p for p in ckpt_dir.glob("step_*") if (p / "COMPLETE").exists())
+
+
+class Engine:
+    def __init__(self, module: torch.nn.Module, loader, cfg: EngineConfig, optim: OptimConfig, *,
+                 micro_batch_size: int, count_batch=None, draw_batch=None, run_info: dict | None = None):
+        import deepspeed
+
+        self.cfg, self.optim_cfg, self.loader = cfg, optim, loader
+        self.count_batch = count_batch  # batch -> {"samples": n, "tokens": n, "images": n} (CPU tensors)
+        self.draw_batch = draw_batch  # batch -> uint8 [3, H, W] image for TensorBoard
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        optimizer = torch.optim.AdamW(param_groups(module, optim.weight_decay), lr=optim.lr, betas=tuple(optim.betas),
+                                      eps=optim.eps, fused=torch.cuda.is_available() or None)
+        factor = linear_warmup_decay(optim.warmup_steps, cfg.steps)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=module, optimizer=optimizer, config=deepspeed_config(cfg, optim, micro_batch_size),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
+        self.device = self.engine.device
+        self.step = 0
+        self.stop_requested = False
+        self.writer = None
+        if _is_rank0():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.run_dir / "tb"))
+            (self.run_dir / "run.json").write_text(json.dumps(run_info or {}, indent=1, default=str))
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        tag = f"step_{self.step:07d}"
+        path = self.ckpt_dir / tag
+        if self.rank == 0 and path.exists():
+            shutil.rmtree(path)  # an incomplete leftover from a killed run
+        self._barrier()
+        self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state={"step": self.step})
+        torch.save({"loader": self.loader.state_dict(), "rng": _rng_state(), "step": self.step},
+                   path / f"rank_{self.rank}.pt")
+        self._barrier()
+        if self.rank == 0:
+            (path / "COMPLETE").write_text(json.dumps({"step": self.step, "world_size": self.world}))
+            for old in complete_checkpoints(self.ckpt_dir)[: -self.cfg.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        self._barrier()
+        return path
+
+    def resume(self) -> bool:
+        found = complete_checkpoints(self.ckpt_dir)
+        if not found:
+            return False
+        path = found[-1]
+        marker = json.loads((path / "COMPLETE").read_text())
+        if marker["world_size"] != self.world:
+            raise ValueError(f"{path} was written by {marker['world_size']} ranks, this run has {self.world}: "
+                             "exact resume needs the same number of ranks")
+        _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)
+        own = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=True)
+        self.loader.load_state_dict(own["loader"])
+        _set_rng_state(own["rng"])
+        self.step = client["step"]
+        if _is_rank0():
+            print(f"resumed from {path} at step {self.step}", flush=True)
+        return True
+
+    def _barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_requested = True
+
+    def _stop_agreed(self) -> bool:
+        flag = torch.tensor([1.0 if self.stop_requested else 0.0])
+        if dist.is_initialized():
+            if dist.get_backend() == "nccl":
+                flag = flag.to(self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _log(self, sums: dict[str, torch.Tensor], count: int, timing: dict[str, float], counts: dict[str, float]):
+        names = sorted(sums)
+        values = torch.stack([sums[n].float() for n in names]) / count
+        if dist.is_initialized():  # mean over ranks
+            values = values.to(self.device)
+            dist.all_reduce(values)
+            values = values / self.world
+        scalars = dict(zip(names, values.cpu().tolist()))  # one host sync, every log_every steps
+        elapsed = timing["step"]
+        scalars.update({
+            "lr": self.scheduler.get_last_lr()[0],
+            "throughput/samples_per_s": counts["samples"] * self.world / elapsed,
+            "throughput/tokens_per_s": counts["tokens"] * self.world / elapsed,
+            "throughput/images_per_s": counts["images"] * self.world / elapsed,
+            "data_wait_fraction": timing["wait"] / elapsed,
+        })
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None:
+            scalars["grad_norm"] = float(grad_norm)
+        scale = getattr(self.optimizer, "cur_scale", None) or getattr(self.optimizer, "loss_scale", None)
+        scalars["loss_scale"] = float(scale) if isinstance(scale, (int, float)) else 1.0
+        if torch.cuda.is_available():
+            scalars["memory/peak_bytes"] = torch.cuda.max_memory_allocated()
+        else:
+            scalars["memory/peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if self.writer is not None:
+            for k, v in scalars.items():
+                self.writer.add_scalar(k, v, self.step)
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.step, **scalars}) + "\n")
+        return scalars
+
+    def train(self, resume: bool = False) -> dict:
+        cfg = self.cfg
+        if resume:
+            self.resume()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        bar = None
+        if _is_rank0() and cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=self.step, desc="pretrain", unit="step", dynamic_ncols=True)
+        batches = iter(self.loader)
+        sums: dict[str, torch.Tensor] = {}
+        window = {"wait": 0.0, "step": 0.0}
+        counts = {"samples": 0.0, "tokens": 0.0, "images": 0.0}
+        n_window, last = 0, {}
+        self.engine.train()
+        try:
+            while self.step < cfg.steps:
+                start = time.perf_counter()
+                for _ in range(cfg.gradient_accumulation_steps):
+                    t0 = time.perf_counter()
+                    batch = next(batches)
+                    window["wait"] += time.perf_counter() - t0
+                    if self.count_batch is not None:
+                        for k, v in self.count_batch(batch).items():
+                            counts[k] += v
+                    if self.writer is not None and self.draw_batch and cfg.image_every and \
+                            (self.step + 1) % cfg.image_every == 0:
+                        self.writer.add_image("train/sample", self.draw_batch(batch), self.step + 1)
+                    loss, metrics = self.engine(to_device(batch, self.device))
+                    self.engine.backward(loss)
+                    self.engine.step()
+                    for k, v in metrics.items():
+                        sums[k] = sums.get(k, 0) + v
+                    n_window += 1
+                self.step += 1
+                window["step"] += time.perf_counter() - start
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    last = self._log(sums, n_window, window, counts)
+                    if not all(math.isfinite(v) for k, v in last.items() if k.startswith("loss/")):
+                        raise FloatingPointError(f"non-finite loss at step {self.step}: {last}")
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{last['loss/total']:.3f}",
+                                        samples_s=f"{last['throughput/samples_per_s']:.1f}")
+                    sums, n_window = {}, 0
+                    window = {"wait": 0.0, "step": 0.0}
+                    counts = {k: 0.0 for k in counts}
+                if bar is not None:
+                    bar.update(1)
+                stop = self._stop_agreed()
+                if stop or self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self.save_checkpoint()
+                if stop:
+                    if _is_rank0():
+                        print(f"\nstopped by signal after step {self.step}; checkpoint saved", flush=True)
+                    break
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            if bar is not None:
+                bar.close()
+            if self.writer is not None:
+                self.writer.flush()
+        return last
+
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """fp32 weights gathered from the newest complete checkpoint (any ZeRO stage); rank 0 only."""
+        self._barrier()
+        if self.rank != 0:
+            return None
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        latest = complete_checkpoints(self.ckpt_dir)[-1]
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        return get_fp32_state_dict_from_zero_checkpoint(str(self.ckpt_dir), tag=latest.name)

