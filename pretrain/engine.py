@@ -54,6 +54,7 @@ class EngineConfig:
     seed: int = 0
     progress: bool = True  # console progress bar on rank 0
     export: bool = True  # consolidated fp32 weights to <run_dir>/export at the end
+    record_keys: bool = False  # append every sample key each rank trains on to <run_dir>/keys_rank<R>.txt
     extra: dict = field(default_factory=dict)  # free-form settings recorded with the run
 
 
@@ -154,6 +155,7 @@ class Engine:
         self.device = self.engine.device
         self.step = 0
         self.stop_requested = False
+        self._pending_rng = None
         self.writer = None
         if _is_rank0():
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +195,7 @@ class Engine:
         _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)
         own = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=True)
         self.loader.load_state_dict(own["loader"])
-        _set_rng_state(own["rng"])
+        self._pending_rng = own["rng"]  # set once the loader's iterator exists (creating it draws a seed)
         self.step = client["step"]
         if _is_rank0():
             print(f"resumed from {path} at step {self.step}", flush=True)
@@ -259,6 +261,9 @@ class Engine:
 
             bar = tqdm(total=cfg.steps, initial=self.step, desc="pretrain", unit="step", dynamic_ncols=True)
         batches = iter(self.loader)
+        if self._pending_rng is not None:
+            _set_rng_state(self._pending_rng)
+            self._pending_rng = None
         sums: dict[str, torch.Tensor] = {}
         window = {"wait": 0.0, "step": 0.0}
         counts = {"samples": 0.0, "tokens": 0.0, "images": 0.0}
@@ -271,6 +276,8 @@ class Engine:
                     t0 = time.perf_counter()
                     batch = next(batches)
                     window["wait"] += time.perf_counter() - t0
+                    if cfg.record_keys:
+                        self._record_keys(batch)
                     if self.count_batch is not None:
                         for k, v in self.count_batch(batch).items():
                             counts[k] += v
@@ -312,6 +319,13 @@ class Engine:
             if self.writer is not None:
                 self.writer.flush()
         return last
+
+    def _record_keys(self, batch: dict) -> None:
+        keys = [f"{source}/{k}" for source in ("caption", "text") if source in batch
+                for k in batch[source].get("keys", [])]
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / f"keys_rank{self.rank}.txt", "a") as f:
+            f.write("\n".join(keys) + "\n")
 
     def consolidated_state_dict(self) -> dict[str, torch.Tensor] | None:
         """fp32 weights gathered from the newest complete checkpoint (any ZeRO stage); rank 0 only."""

@@ -137,4 +137,5 @@ class PretrainMasker:
             out["caption"]["keys"] = batch["caption"]["keys"]
         if "text" in batch:
             out["text"] = self.text(batch["text"], g)
+            out["text"]["keys"] = batch["text"]["keys"]
         return out

@@ -19,7 +19,7 @@ import torch
 from model.config import load_config
 from shards.reader import StreamConfig
 
-from .engine import EngineConfig, OptimConfig
+from .engine import EngineConfig, OptimConfig, to_device
 from .masking import MaskingConfig
 from .tasks import LossConfig
 
@@ -141,14 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     last = engine.train(resume=args.resume)
     finished = engine.step >= cfg.engine.steps
     if cfg.engine.export and finished:
-        from model.export import save_pretrained
-
-        state = engine.consolidated_state_dict()
-        if state is not None:
-            state = {k.removeprefix("model."): v for k, v in state.items()}
-            out = save_pretrained(state, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir or
-                                  _packaged_tokenizer_dir())
-            print(f"exported fp32 weights to {out}", flush=True)
+        export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir or _packaged_tokenizer_dir())
     if rank == 0:
         run_dir = Path(cfg.engine.run_dir)
         print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
@@ -158,6 +151,33 @@ def main(argv: list[str] | None = None) -> int:
                                                                 if k.startswith(("loss/", "acc/"))), flush=True)
     torch.distributed.barrier()
     return 0
+
+
+def export(engine, model_cfg, out: Path, tokenizer_dir) -> None:
+    """Consolidated fp32 weights (any ZeRO stage), then a check that the exported directory computes
+    what the live model computes on a batch (every rank joins the live forward; ZeRO-3 gathers)."""
+    import json
+
+    from model.export import load_pretrained, save_pretrained
+
+    state = engine.consolidated_state_dict()
+    if state is not None:
+        save_pretrained({k.removeprefix("model."): v for k, v in state.items()}, model_cfg, out, tokenizer_dir)
+    probe = next(iter(engine.loader))
+    engine.engine.eval()
+    with torch.no_grad():
+        _, live = engine.engine(to_device(probe, engine.device))
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        from .tasks import VLBertPretraining
+
+        exported = VLBertPretraining(load_pretrained(out), engine.engine.module.losses).eval()
+        with torch.no_grad():
+            _, again = exported(probe)
+        diff = max(abs(float(live[k]) - float(again[k])) for k in live if k.startswith("loss/"))
+        (out / "verify.json").write_text(json.dumps({"max_abs_loss_diff": diff, "losses": {
+            k: float(v) for k, v in again.items()}}, indent=1))
+        print(f"exported fp32 weights to {out} (reproduces the live model's losses to {diff:.2e})", flush=True)
 
 
 def engine_world() -> int:

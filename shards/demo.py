@@ -109,6 +109,23 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
     return out
 
 
+def ensure_demo(out: str | Path = "data/demo", builder: bool = True, timeout_s: float = 1800) -> Path:
+    """Build the demo corpus once when several processes start together: the builder builds, the
+    others wait for its last manifest."""
+    import time
+
+    out = Path(out)
+    last = out / "shards" / "text" / "manifest.json"
+    if builder:
+        return build_demo(out)
+    deadline = time.monotonic() + timeout_s
+    while not last.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f}s for the demo corpus under {out}")
+        time.sleep(2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Build the synthetic shapes-world demo corpus and its shards.",
                                 epilog=__doc__.split("\n\n", 1)[1],

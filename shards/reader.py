@@ -322,9 +322,12 @@ class StreamLoader:
         self.dataset.role_states = dict(self.role_states)
         self.dataset.role_offset = self.next_index % self.workers
         workers = self.cfg.num_workers
+        # Its own generator: the DataLoader's base-seed draw must not consume the global RNG, whose
+        # state (dropout) an exact resume restores.
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.dataset.rank)
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
-                            persistent_workers=False)
+                            persistent_workers=False, generator=generator)
         for batch in loader:
             # Forever streams arrive strictly in order; a finite pass (epochs set) may not at its
             # end, where workers whose share ran out drop out of the rotation.

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+""":"
+# VL-BERT pretraining launcher. This file is both a bash script and the Python program each rank runs:
+#   bash launch/pretrain.sh [options] [key=value ...]   wraps the deepspeed launcher (this part)
+#   deepspeed launch/pretrain.sh [--config F] [...]     each rank runs the Python part below
+# With no arguments it runs the embedded demo: builds the demo shards if missing, then pretrains on
+# every local GPU or, without GPUs, on 2 CPU processes.
+#
+# Options (environment in brackets):
+#   --config FILE        PretrainConfig YAML [CONFIG]; default launch/configs/demo.yaml
+#   --gpus N             processes per node [NUM_GPUS]; default: all local GPUs, or CPU_PROCS (2) on CPU
+#   --hostfile FILE      deepspeed hostfile for several nodes [HOSTFILE]
+#   --master-addr ADDR   [MASTER_ADDR]      --master-port PORT   [MASTER_PORT, default 29500]
+#   --resume             continue from the newest complete checkpoint
+#   key=value            config overrides, e.g. engine.steps=1000 data.caption_batch_size=128
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+cd "$root"
+config="${CONFIG:-launch/configs/demo.yaml}"
+gpus="${NUM_GPUS:-}"
+hostfile="${HOSTFILE:-}"
+master_addr="${MASTER_ADDR:-}"
+master_port="${MASTER_PORT:-29500}"
+passthrough=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --config) config="$2"; shift 2 ;;
+    --gpus) gpus="$2"; shift 2 ;;
+    --hostfile) hostfile="$2"; shift 2 ;;
+    --master-addr) master_addr="$2"; shift 2 ;;
+    --master-port) master_port="$2"; shift 2 ;;
+    -h|--help) sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) passthrough+=("$1"); shift ;;
+  esac
+done
+[ -f "$config" ] || { echo "launch/pretrain.sh: config '$config' not found" >&2; exit 2; }
+command -v deepspeed >/dev/null || { echo "launch/pretrain.sh: 'deepspeed' is not on PATH (pip install -e .)" >&2; exit 2; }
+local_gpus="$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
+if [ "$local_gpus" = "0" ]; then
+  export DS_ACCELERATOR=cpu
+  gpus="${gpus:-${CPU_PROCS:-2}}"
+else
+  gpus="${gpus:-$local_gpus}"
+fi
+if grep -q "data/demo/shards" "$config"; then
+  python -m shards.demo --out data/demo
+fi
+launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
+[ -n "$hostfile" ] && launcher+=(--hostfile "$hostfile")
+[ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")
+echo "launch/pretrain.sh: $gpus process(es) per node${DS_ACCELERATOR:+ on CPU}, config $config" >&2
+exec "${launcher[@]}" "$0" --config "$config" ${passthrough[@]+"${passthrough[@]}"}
+":"""
+# ---- the Python part: one rank of the job, started by the deepspeed launcher ----------------------
+import os
+import sys
+from pathlib import Path
+
+root = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(root))
+os.chdir(root)
+argv = sys.argv[1:]
+if not any(a == "--config" or a.startswith("--config=") for a in argv):
+    # `deepspeed launch/pretrain.sh` with no config: the embedded demo, as `bash launch/pretrain.sh` runs it
+    from shards.demo import ensure_demo
+
+    ensure_demo("data/demo", builder=int(os.environ.get("LOCAL_RANK", 0)) == 0)
+    argv = ["--config", "launch/configs/demo.yaml", *argv]
+from pretrain.run import main  # noqa: E402
+
+sys.exit(main(argv))

@@ -1,0 +1,136 @@
+"""2-process pretraining runs under the real `deepspeed` launcher on CPU (gloo), tiny config."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(shutil.which("deepspeed") is None, reason="deepspeed launcher not on PATH")
+
+
+def tiny_config(tmp_path, demo_corpus, run, **engine) -> Path:
+    cfg = {
+        "model_preset": "tiny",
+        "model": {"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103,
+                  "img_token_id": 1, "end_token_id": 2, "fast_rcnn": {"roi_output_size": 4}},
+        "data": {"caption_shards": str(demo_corpus / "shards/captions-train/*.tar"),
+                 "text_shards": str(demo_corpus / "shards/text/*.tar"), "caption_batch_size": 2,
+                 "text_batch_size": 2, "short_side": 64, "long_side": 96, "num_workers": 1, "shuffle_buffer": 16},
+        "optim": {"lr": 2e-3, "warmup_steps": 2},
+        "engine": {"run_dir": str(tmp_path / run), "steps": 20, "zero_stage": 2, "precision": "fp32",
+                   "log_every": 1, "checkpoint_every": 100, "image_every": 5, "progress": False, **engine},
+    }
+    path = tmp_path / f"{run}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+_port = [29600]
+
+
+def launch(config: Path, *extra: str, wait: bool = True):
+    _port[0] += 1
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(_port[0]), "--module", "pretrain.run",
+           "--config", str(config), *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    if not wait:
+        return proc
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    """step -> logged scalars (a resumed run's lines override the killed run's)."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows[row["step"]] = row
+    return rows
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_rank_run_learns_logs_exports(tmp_path, demo_corpus, stage):
+    steps = 30 if stage == 2 else 16
+    config = tiny_config(tmp_path, demo_corpus, f"z{stage}", zero_stage=stage, steps=steps, record_keys=True)
+    out = launch(config)
+    run = tmp_path / f"z{stage}"
+    rows = metrics(run)
+    assert sorted(rows) == list(range(1, steps + 1))
+    first = sum(rows[s]["loss/total"] for s in range(1, 5)) / 4
+    last = sum(rows[s]["loss/total"] for s in range(steps - 3, steps + 1)) / 4
+    assert last < first - 0.5, (first, last)
+    # the two ranks trained on disjoint samples
+    keys = [set((run / f"keys_rank{r}.txt").read_text().split()) for r in range(2)]
+    assert keys[0] and keys[1] and keys[0].isdisjoint(keys[1])
+    # TensorBoard event files hold every scalar, read back with tensorboard's own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("loss/mlm_caption", "loss/mrc", "loss/mlm_text", "loss/total", "acc/mlm_caption", "acc/mrc",
+                "acc/mlm_text", "lr", "grad_norm", "loss_scale", "throughput/samples_per_s",
+                "throughput/tokens_per_s", "throughput/images_per_s", "data_wait_fraction", "memory/peak_bytes"):
+        assert tag in scalars, tag
+    assert len(events.Scalars("loss/total")) == steps
+    assert "train/sample" in events.Tags()["images"]
+    # the export loads on its own and reproduces the live model's losses on a batch
+    verify = json.loads((run / "export" / "verify.json").read_text())
+    assert verify["max_abs_loss_diff"] < 1e-5, verify
+    assert "TensorBoard: tensorboard --logdir" in out
+
+
+def _wait_for(path: Path, proc, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.2)
+
+
+def test_exact_resume_after_sigkill(tmp_path, demo_corpus):
+    reference = tiny_config(tmp_path, demo_corpus, "ref", steps=12, export=False)
+    launch(reference)
+    expected = metrics(tmp_path / "ref")
+
+    killed = tiny_config(tmp_path, demo_corpus, "killed", steps=12, checkpoint_every=6, export=False)
+    proc = launch(killed, wait=False)
+    _wait_for(tmp_path / "killed" / "checkpoints" / "step_0000006" / "COMPLETE", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    launch(killed, "--resume")
+    got = metrics(tmp_path / "killed")
+    for step in range(7, 13):
+        for key in ("loss/total", "loss/mlm_caption", "loss/mrc", "loss/mlm_text"):
+            assert abs(got[step][key] - expected[step][key]) < 1e-5, (step, key, got[step][key], expected[step][key])
+
+
+def test_sigterm_stops_gracefully_with_a_usable_checkpoint(tmp_path, demo_corpus):
+    config = tiny_config(tmp_path, demo_corpus, "term", steps=500, export=False)
+    proc = launch(config, wait=False)
+    run = tmp_path / "term"
+    _wait_for(run / "metrics.jsonl", proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    ckpts = sorted((run / "checkpoints").glob("step_*/COMPLETE"))
+    assert ckpts, out[-3000:]
+    stopped_at = json.loads(ckpts[-1].read_text())["step"]
+    assert 1 <= stopped_at < 500
+    # the checkpoint resumes: two more steps from where it stopped
+    launch(config, "--resume", f"engine.steps={stopped_at + 2}")
+    assert max(metrics(run)) == stopped_at + 2
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-x", "-q"]))
