@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
     --hostfile) hostfile="$2"; shift 2 ;;
     --master-addr) master_addr="$2"; shift 2 ;;
     --master-port) master_port="$2"; shift 2 ;;
-    -h|--help) sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,16p' "$0" | cut -c3-; exit 0 ;;
     *) passthrough+=("$1"); shift ;;
   esac
 done

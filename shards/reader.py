@@ -283,6 +283,15 @@ class MixedStream(IterableDataset):
             k += 1
 
 
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """Workers leave SIGTERM/SIGINT to the training process, which stops after its step and then
+    shuts them down; a scheduler signalling the whole process group must not kill them mid-batch."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class StreamLoader:
     """DataLoader over a MixedStream whose position can be saved and restored exactly.
 
@@ -327,7 +336,8 @@ class StreamLoader:
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.dataset.rank)
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
-                            persistent_workers=False, generator=generator)
+                            persistent_workers=False, generator=generator,
+                            worker_init_fn=_ignore_stop_signals if workers > 0 else None)
         for batch in loader:
             # Forever streams arrive strictly in order; a finite pass (epochs set) may not at its
             # end, where workers whose share ran out drop out of the rotation.

@@ -1,0 +1,32 @@
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from model.config import load_config
+from pretrain.run import PretrainConfig, build_model_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pretrain_sh_is_both_bash_and_python():
+    text = (ROOT / "launch/pretrain.sh").read_text()
+    ast.parse(text)  # what each rank runs under `deepspeed launch/pretrain.sh`
+    out = subprocess.run(["bash", str(ROOT / "launch/pretrain.sh"), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "deepspeed launch/pretrain.sh" in out.stdout
+    bad = subprocess.run(["bash", str(ROOT / "launch/pretrain.sh"), "--config", "nope.yaml"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "nope.yaml" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["demo", "vlbert_base_cc", "vlbert_large_cc"])
+def test_launch_configs_load(name):
+    cfg = load_config(PretrainConfig, ROOT / f"launch/configs/{name}.yaml")
+    if name != "demo":  # the paper's setting: 250k steps, 8000 warm-up, lr 2e-5, 1:1 batches
+        assert (cfg.engine.steps, cfg.optim.warmup_steps, cfg.optim.lr) == (250000, 8000, 2e-5)
+        assert cfg.data.caption_batch_size == cfg.data.text_batch_size
+        cfg.bert = None  # the BERT path is the user's
+        cfg.model["fast_rcnn"]["weights"] = None
+    model_cfg = build_model_config(cfg)
+    assert model_cfg.hidden_size == {"demo": 384, "vlbert_base_cc": 768, "vlbert_large_cc": 1024}[name]
