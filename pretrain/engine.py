@@ -153,6 +153,11 @@ class Engine:
             model=module, optimizer=optimizer, config=deepspeed_config(cfg, optim, micro_batch_size),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
         self.device = self.engine.device
+        # The per-step stop vote travels over a CPU (gloo) group: on NCCL a GPU tensor + .item() every
+        # step would sync the device in the hot loop.
+        self._vote_group = None
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            self._vote_group = dist.new_group(backend="gloo")
         self.step = 0
         self.stop_requested = False
         self._pending_rng = None
@@ -213,9 +218,7 @@ class Engine:
     def _stop_agreed(self) -> bool:
         flag = torch.tensor([1.0 if self.stop_requested else 0.0])
         if dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                flag = flag.to(self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._vote_group)
         return bool(flag.item())
 
     def _log(self, sums: dict[str, torch.Tensor], count: int, timing: dict[str, float], counts: dict[str, float]):

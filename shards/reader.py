@@ -256,12 +256,12 @@ class MixedStream(IterableDataset):
         state = self.role_states.get(worker_role, {})
         seed = cfg.seed
 
-        def source(urls, decode, name, skip_what):
+        def source(urls, decode, name):
             skips = SkipLog(f"{name} samples", max_bad_fraction=cfg.max_bad_fraction, min_seen=cfg.min_seen)
             return _Source(urls, role, parts, seed, cfg.shuffle_buffer, decode, skips, cfg.epochs, state.get(name))
 
-        captions = source(self.caption_urls, CaptionDecoder(cfg), "caption", "images") if self.caption_urls else None
-        texts = source(self.text_urls, decode_text, "text", "chunks") if self.text_urls else None
+        captions = source(self.caption_urls, CaptionDecoder(cfg), "caption") if self.caption_urls else None
+        texts = source(self.text_urls, decode_text, "text") if self.text_urls else None
         cap_it = iter(captions) if captions else None
         txt_it = iter(texts) if texts else None
         k = state.get("k", -1) + 1
