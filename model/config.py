@@ -158,9 +158,10 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def model_config(preset: str = "base", path: str | Path | None = None, overrides: typing.Iterable[str] = ()
-                 ) -> VLBertConfig:
-    """A preset, then a YAML file (which may name its own `preset:`), then key=value overrides."""
+def model_config(preset: str = "base", path: str | Path | None = None, overrides: typing.Iterable[str] = (),
+                 updates: dict | None = None) -> VLBertConfig:
+    """A preset, then a YAML file (which may name its own `preset:`), then a nested dict of updates,
+    then key=value overrides."""
     data: dict = {}
     if path is not None:
         try:
@@ -170,7 +171,7 @@ def model_config(preset: str = "base", path: str | Path | None = None, overrides
         preset = data.pop("preset", preset)
     if preset not in PRESETS:
         raise ConfigError(f"{path or 'model config'}: unknown preset '{preset}'; known: {sorted(PRESETS)}")
-    merged = _deep_merge(PRESETS[preset], data)
+    merged = _deep_merge(_deep_merge(PRESETS[preset], data), updates or {})
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}': expected key=value")

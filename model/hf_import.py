@@ -25,13 +25,14 @@ def read_hf_config(path: str | Path) -> dict:
         raise FileNotFoundError(f"{path}: no config.json (expected a transformers BERT directory)") from None
 
 
-def config_from_hf(path: str | Path, preset: str = "base", overrides=()) -> VLBertConfig:
+def config_from_hf(path: str | Path, preset: str = "base", overrides=(), updates: dict | None = None
+                   ) -> VLBertConfig:
     """A VLBertConfig whose transformer sizes are the checkpoint's (vision settings from the preset)."""
     hf = read_hf_config(path)
     sizes = [f"{k}={hf[k]}" for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                          "intermediate_size", "max_position_embeddings", "layer_norm_eps")
              if k in hf]
-    return model_config(preset, None, [*sizes, *overrides])
+    return model_config(preset, None, [*sizes, *overrides], updates)
 
 
 def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -145,12 +145,12 @@ class VLBert(nn.Module):
         if cfg.visual_embedding == "vlbert":
             appearance = self.fast_rcnn.feature_size if self.fast_rcnn is not None else cfg.precomputed_feature_size
             self.embeddings.build_visual_feature_embedding(appearance)
-        self.apply(self._init_weights)
+        for name, child in self.named_children():
+            if name != "fast_rcnn":  # the Fast R-CNN initialises itself (and loads its weights file)
+                child.apply(self._init_weights)
         if cfg.visual_embedding == "vlbert":
             for ln in (self.embeddings.visual_ln_text, self.embeddings.visual_ln_object):
                 nn.init.constant_(ln.weight, cfg.visual_ln_init)
-        if self.fast_rcnn is not None and cfg.fast_rcnn.weights:
-            self.fast_rcnn.load_weights(cfg.fast_rcnn.weights)  # _init_weights must not overwrite them
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.cfg.initializer_range

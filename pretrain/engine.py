@@ -21,7 +21,7 @@ import resource
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +55,6 @@ class EngineConfig:
     progress: bool = True  # console progress bar on rank 0
     export: bool = True  # consolidated fp32 weights to <run_dir>/export at the end
     record_keys: bool = False  # append every sample key each rank trains on to <run_dir>/keys_rank<R>.txt
-    extra: dict = field(default_factory=dict)  # free-form settings recorded with the run
 
 
 def _is_rank0() -> bool:

@@ -40,20 +40,9 @@ def build_model_config(cfg: PretrainConfig):
     from model.config import model_config
     from model.hf_import import config_from_hf
 
-    overrides = [f"{k}={v}" for k, v in _flatten(cfg.model).items()]
     if cfg.bert:
-        return config_from_hf(_bert_dir(cfg.bert), cfg.model_preset, overrides)
-    return model_config(cfg.model_preset, None, overrides)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+        return config_from_hf(_bert_dir(cfg.bert), cfg.model_preset, updates=cfg.model)
+    return model_config(cfg.model_preset, updates=cfg.model)
 
 
 def _bert_dir(name: str) -> Path:
@@ -116,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.hf_import import load_hf_bert
     from model.vl_bert import VLBertForPretraining
     from shards.reader import StreamLoader
-    from shards.tokenizer import load_tokenizer
+    from shards.tokenizer import load_tokenizer, resolve_bert_dir
 
     from .engine import Engine
     from .masking import PretrainMasker
@@ -126,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     model = VLBertForPretraining(model_cfg)
     if cfg.bert:
         load_hf_bert(model, _bert_dir(cfg.bert))
-    tokenizer_dir = cfg.data.tokenizer or (str(_bert_dir(cfg.bert)) if cfg.bert else None)
+    tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (_bert_dir(cfg.bert) if cfg.bert else None)))
     cfg.data.tokenizer = tokenizer_dir
     tokenizer = load_tokenizer(tokenizer_dir)
     masker = PretrainMasker(cfg.masking, tokenizer, cls_id=model_cfg.cls_token_id, sep_id=model_cfg.sep_token_id,
@@ -137,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(module, loader, cfg.engine, cfg.optim,
                     micro_batch_size=cfg.data.caption_batch_size + cfg.data.text_batch_size,
                     count_batch=count_batch, draw_batch=draw_batch,
-                    run_info={"config": asdict(cfg), "model": asdict(model_cfg), "world_size": engine_world()})
+                    run_info={"config": asdict(cfg), "model": asdict(model_cfg),
+                              "world_size": torch.distributed.get_world_size()})
     last = engine.train(resume=args.resume)
     finished = engine.step >= cfg.engine.steps
     if cfg.engine.export and finished:
-        export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir or _packaged_tokenizer_dir())
+        export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir)
     if rank == 0:
         run_dir = Path(cfg.engine.run_dir)
         print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
@@ -178,16 +168,6 @@ def export(engine, model_cfg, out: Path, tokenizer_dir) -> None:
         (out / "verify.json").write_text(json.dumps({"max_abs_loss_diff": diff, "losses": {
             k: float(v) for k, v in again.items()}}, indent=1))
         print(f"exported fp32 weights to {out} (reproduces the live model's losses to {diff:.2e})", flush=True)
-
-
-def engine_world() -> int:
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-
-
-def _packaged_tokenizer_dir():
-    from shards.tokenizer import resolve_bert_dir
-
-    return resolve_bert_dir(None)
 
 
 if __name__ == "__main__":

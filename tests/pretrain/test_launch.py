@@ -29,4 +29,7 @@ def test_launch_configs_load(name):
         cfg.bert = None  # the BERT path is the user's
         cfg.model["fast_rcnn"]["weights"] = None
     model_cfg = build_model_config(cfg)
+    if name != "demo":
+        assert model_cfg.fast_rcnn.weights is None  # YAML null stays None, not the string "None"
+        assert model_cfg.fast_rcnn.backbone == "resnet101" and model_cfg.fast_rcnn.channels_last is True
     assert model_cfg.hidden_size == {"demo": 384, "vlbert_base_cc": 768, "vlbert_large_cc": 1024}[name]
