@@ -206,12 +206,15 @@ class VLBert(nn.Module):
                 boxes: torch.Tensor | None = None, box_mask: torch.Tensor | None = None,
                 masked_regions: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
                 image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
+                visual_input: tuple[torch.Tensor, torch.Tensor] | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> VLBertOutput:
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
         Fast R-CNN, or region_features [B, N, F] + image_hw [B, 2]. word_region_index [B, T]: the
-        region whose feature a word takes as its visual term (-1 = the whole image)."""
+        region whose feature a word takes as its visual term (-1 = the whole image). visual_input:
+        (appearance [B, 1+N, F], normalised boxes [B, 1+N, 4]) as `region_features` returns them, to
+        feed edited visual inputs (the cross-modal ablation diagnostic); boxes/box_mask still given."""
         cfg, emb = self.cfg, self.embeddings
         bsz, t = input_ids.shape
         dev = input_ids.device
@@ -230,9 +233,12 @@ class VLBert(nn.Module):
         else:
             if masked_regions is None:
                 masked_regions = torch.zeros_like(box_mask)
-            appearance, boxes_norm, region_logits = self.region_features(
-                images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
-                masked_regions=masked_regions, region_features=region_features, image_hw=image_hw)
+            if visual_input is not None:
+                appearance, boxes_norm = visual_input
+            else:
+                appearance, boxes_norm, region_logits = self.region_features(
+                    images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
+                    masked_regions=masked_regions, region_features=region_features, image_hw=image_hw)
             visual = emb.visual_features(appearance, boxes_norm)  # [B, 1+N, visual_size]
             if word_region_index is None:
                 word_visual = visual[:, :1].expand(bsz, t, -1)

@@ -55,6 +55,7 @@ class EngineConfig:
     progress: bool = True  # console progress bar on rank 0
     export: bool = True  # consolidated fp32 weights to <run_dir>/export at the end
     record_keys: bool = False  # append every sample key each rank trains on to <run_dir>/keys_rank<R>.txt
+    eval_every: int = 0  # run the evaluator (e.g. the cross-modal diagnostic) every N steps; 0 = never
 
 
 def _is_rank0() -> bool:
@@ -135,12 +136,15 @@ def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
 
 class Engine:
     def __init__(self, module: torch.nn.Module, loader, cfg: EngineConfig, optim: OptimConfig, *,
-                 micro_batch_size: int, count_batch=None, draw_batch=None, run_info: dict | None = None):
+                 micro_batch_size: int, count_batch=None, draw_batch=None, run_info: dict | None = None,
+                 evaluate=None):
         import deepspeed
 
         self.cfg, self.optim_cfg, self.loader = cfg, optim, loader
         self.count_batch = count_batch  # batch -> {"samples": n, "tokens": n, "images": n} (CPU tensors)
         self.draw_batch = draw_batch  # batch -> uint8 [3, H, W] image for TensorBoard
+        # (module, device) -> {name: float}, called on every rank (ZeRO-3 forwards are collective)
+        self.evaluate = evaluate
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -304,6 +308,8 @@ class Engine:
                     sums, n_window = {}, 0
                     window = {"wait": 0.0, "step": 0.0}
                     counts = {k: 0.0 for k in counts}
+                if self.evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    self._run_evaluation()
                 if bar is not None:
                     bar.update(1)
                 stop = self._stop_agreed()
@@ -321,6 +327,22 @@ class Engine:
             if self.writer is not None:
                 self.writer.flush()
         return last
+
+    def _run_evaluation(self) -> dict[str, float]:
+        start = time.perf_counter()
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                scalars = dict(self.evaluate(self.engine.module, self.device))
+        finally:
+            self.engine.train()
+        scalars["eval/seconds"] = time.perf_counter() - start
+        if self.writer is not None:
+            for k, v in scalars.items():
+                self.writer.add_scalar(k, v, self.step)
+            with open(self.run_dir / "eval.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.step, **scalars}) + "\n")
+        return scalars
 
     def _record_keys(self, batch: dict) -> None:
         keys = [f"{source}/{k}" for source in ("caption", "text") if source in batch

@@ -34,6 +34,10 @@ class MaskingConfig:
     mrc_zero_fraction: float = 0.9  # of chosen regions: pixels zeroed (the rest stay visible)
     co_mask_iou: float | None = None  # zero regions overlapping a zeroed one above this IoU; None = off
     max_caption_elements: int = 64  # words + regions of a caption sample
+    # Control for the cross-modal ablation diagnostic: every caption image becomes a constant grey (the
+    # detector's pixel mean, which normalises to 0), so the model pretrains with vision always ablated;
+    # boxes, and so region geometry, stay.
+    ablate_image: bool = False
 
 
 def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:
@@ -48,8 +52,10 @@ def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:
 
 class PretrainMasker:
     def __init__(self, cfg: MaskingConfig, tokenizer, *, cls_id: int, sep_id: int, mask_id: int, num_classes: int,
-                 pad_id: int = 0, seed: int = 0, rank: int = 0):
+                 pad_id: int = 0, seed: int = 0, rank: int = 0,
+                 pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)):
         self.cfg = cfg
+        self.grey = (torch.tensor(pixel_mean) * 255).round().to(torch.uint8).view(1, 3, 1, 1)
         self.num_classes = num_classes
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         self.continuation = torch.tensor([t.startswith("##") for t in tokens])
@@ -123,7 +129,10 @@ class PretrainMasker:
         probs = batch.get("class_probs")
         if probs is None:  # no detector distributions stored: the detector's class as a one-hot target
             probs = torch.nn.functional.one_hot(batch["box_classes"].clamp(min=0), self.num_classes)
-        out.update({"images": batch["images"], "image_sizes": batch["image_sizes"], "boxes": batch["boxes"],
+        images = batch["images"]
+        if c.ablate_image:
+            images = self.grey.expand_as(images).clone()
+        out.update({"images": images, "image_sizes": batch["image_sizes"], "boxes": batch["boxes"],
                     "box_mask": box_mask, "masked_regions": zeroed, "mrc_positions": positions,
                     "mrc_probs": probs.flatten(0, 1)[positions].float(),
                     "mrc_labels": batch["box_classes"].flatten()[positions]})

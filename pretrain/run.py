@@ -19,6 +19,7 @@ import torch
 from model.config import load_config
 from shards.reader import StreamConfig
 
+from .ablation import DiagnosticConfig
 from .engine import EngineConfig, OptimConfig, to_device
 from .masking import MaskingConfig
 from .tasks import LossConfig
@@ -34,6 +35,9 @@ class PretrainConfig:
     losses: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # held-out Flickr30k-Entities-format data for the cross-modal ablation diagnostic, run every
+    # engine.eval_every steps (None = off); see pretrain/ablation.py
+    diagnostic: DiagnosticConfig | None = None
 
 
 def build_model_config(cfg: PretrainConfig):
@@ -120,10 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(tokenizer_dir)
     masker = PretrainMasker(cfg.masking, tokenizer, cls_id=model_cfg.cls_token_id, sep_id=model_cfg.sep_token_id,
                             mask_id=model_cfg.mask_token_id, pad_id=model_cfg.pad_token_id,
-                            num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank)
+                            num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank,
+                            pixel_mean=model_cfg.fast_rcnn.pixel_mean)
     loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
     module = VLBertPretraining(model, cfg.losses)
-    engine = Engine(module, loader, cfg.engine, cfg.optim,
+    evaluate = None
+    if cfg.diagnostic is not None and cfg.engine.eval_every:
+        from .ablation import PeriodicDiagnostic
+
+        diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes)
+
+        def evaluate(module, device):
+            return diagnostic(module.model, device)
+    engine = Engine(module, loader, cfg.engine, cfg.optim, evaluate=evaluate,
                     micro_batch_size=cfg.data.caption_batch_size + cfg.data.text_batch_size,
                     count_batch=count_batch, draw_batch=draw_batch,
                     run_info={"config": asdict(cfg), "model": asdict(model_cfg),

@@ -10,6 +10,9 @@ Raw layout under `<out>/raw/`:
   class_names.json                      ["__background__", "circle", ...]
   books/book_NNN.txt                    BooksCorpus-style, one book per file
   wiki/wiki_000.txt                     Wikipedia-style dump, articles separated by blank lines
+  flickr30k_entities/                   the val images as Flickr30k Entities (Sentences/, Annotations/,
+                                        val.txt) plus their region box file keyed `<id>.jpg`, for the
+                                        cross-modal ablation diagnostic (`python -m pretrain.ablation`)
 Shards under `<out>/shards/{captions-train,captions-val,text}/` with a manifest each.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -77,17 +81,75 @@ def write_raw(out: Path, n_images: int, n_val: int, seed: int, n_books: int, n_a
             wiki.write("\n".join(sw.prose_paragraph(rng, 2, 5) for _ in range(rng.randint(1, 3))) + "\n\n")
 
 
+def _entities_xml(image_id: str, scene: dict, chains: list[list[int]]) -> str:
+    lines = ["<annotation>", f"  <filename>{image_id}.jpg</filename>",
+             f"  <size><width>{scene['width']}</width><height>{scene['height']}</height><depth>3</depth></size>"]
+    for obj, names in zip(scene["objects"], chains):
+        x1, y1, x2, y2 = obj["box"]
+        # continuous pixels -> the 1-based inclusive corners of the pixels the box touches
+        corners = (math.floor(x1) + 1, math.floor(y1) + 1, min(math.ceil(x2), scene["width"]),
+                   min(math.ceil(y2), scene["height"]))
+        lines.append("  <object>" + "".join(f"<name>{c}</name>" for c in names) + "<bndbox>" + "".join(
+            f"<{t}>{v}</{t}>" for t, v in zip(("xmin", "ymin", "xmax", "ymax"), corners)) + "</bndbox></object>")
+    lines.append("</annotation>")
+    return "\n".join(lines) + "\n"
+
+
+def write_flickr30k_entities(raw: Path, seed: int, sentences_per_image: int = 5) -> Path:
+    """The val images in Flickr30k Entities' distributed format: 5 captions per image with every
+    mention marked (object chains; "N shapes" is a chain over every box; "other shapes" is chain 0,
+    not visual), the boxes as 1-based inclusive corners, a split list, and the images' box file."""
+    out = raw / "flickr30k_entities"
+    (out / "Sentences").mkdir(parents=True, exist_ok=True)
+    (out / "Annotations").mkdir(exist_ok=True)
+    val_images = {line.split("\t")[1].strip() for line in open(raw / "captions_val.tsv") if line.strip()}
+    boxes = {json.loads(line)["image"]: line for line in open(raw / "boxes.jsonl") if line.strip()}
+    ids = []
+    with open(raw / "scenes.jsonl") as scenes, open(out / "boxes_val.jsonl", "w") as box_file:
+        for line in scenes:
+            scene = json.loads(line)
+            if scene["image"] not in val_images:
+                continue
+            image_id = Path(scene["image"]).stem
+            index = int(image_id)
+            chain = [str(index * 10 + k + 1) for k in range(len(scene["objects"]))]
+            group = str(index * 10 + 9)
+            world = sw.Scene(scene["width"], scene["height"], (0, 0, 0), [
+                sw.ShapeObject(o["category"], o["colour"], o["size"], tuple(o["box"]), o["covered"])
+                for o in scene["objects"]])
+
+            def mark(target, text, chain=chain, group=group):
+                tag = "0/notvisual" if target is None else f"{group if target == 'all' else chain[target]}/other"
+                return f"[/EN#{tag} {text}]"
+
+            rng = random.Random(seed * 1_000_003 + index)
+            # tokenised as the distributed captions are: punctuation stands apart
+            sentences = [sw.caption(world, rng, mark)[0].replace("],", "] ,") for _ in range(sentences_per_image)]
+            (out / "Sentences" / f"{image_id}.txt").write_text("\n".join(sentences) + "\n")
+            (out / "Annotations" / f"{image_id}.xml").write_text(
+                _entities_xml(image_id, scene, [[c, group] for c in chain]))
+            entry = json.loads(boxes[scene["image"]])
+            entry["image"] = f"{image_id}.jpg"
+            box_file.write(json.dumps(entry) + "\n")
+            ids.append(image_id)
+    (out / "val.txt").write_text("\n".join(ids) + "\n")
+    return out
+
+
 def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: int = 200, seed: int = 0,
                n_books: int = 24, n_articles: int = 200, tokenizer: str | None = None,
                force: bool = False, progress: bool = True) -> Path:
     out = Path(out)
     shards = out / "shards"
     done = [shards / d / "manifest.json" for d in ("captions-train", "captions-val", "text")]
+    raw = out / "raw"
     if all(p.exists() for p in done) and not force:
+        if not (raw / "flickr30k_entities" / "val.txt").exists():  # corpora built before it existed
+            write_flickr30k_entities(raw, seed)
         print(f"demo corpus already built under {out} (pass --force to rebuild)", file=sys.stderr)
         return out
     write_raw(out, n_images, n_val, seed, n_books, n_articles)
-    raw = out / "raw"
+    write_flickr30k_entities(raw, seed)
     class_names = json.loads((raw / "class_names.json").read_text())
     meta = {"class_names": class_names, "num_classes": len(class_names)}
     for split in ("train", "val"):

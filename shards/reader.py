@@ -61,6 +61,23 @@ def resize_scale(height: int, width: int, short_side: int, long_side: int) -> fl
     return scale
 
 
+def load_resized(pil, short_side: int, long_side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A PIL image -> uint8 [3, H, W] resized by `resize_scale` (0 = keep), and the [4] factor that maps
+    its pixel boxes (x1, y1, x2, y2) onto the resized image."""
+    from PIL import Image
+
+    w, h = pil.size
+    scale = resize_scale(h, w, short_side, long_side) if short_side > 0 else 1.0
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    if scale < 0.5:
+        pil.draft("RGB", (nw, nh))  # JPEG: decode at a reduced DCT scale, far cheaper than full size
+    pil = pil.convert("RGB")
+    if pil.size != (nw, nh):
+        pil = pil.resize((nw, nh), Image.BILINEAR, reducing_gap=None)
+    image = torch.from_numpy(np.array(pil)).permute(2, 0, 1)  # [3, H, W] uint8
+    return image, torch.tensor([nw / w, nh / h, nw / w, nh / h])
+
+
 # --- one source (captions or text) for one role ------------------------------------------------------
 
 class _Source:
@@ -141,16 +158,8 @@ class CaptionDecoder:
         w, h = pil.size
         if (meta["width"], meta["height"]) != (w, h):
             raise ValueError(f"JSON says {meta['width']}x{meta['height']}, image is {w}x{h}")
-        scale = resize_scale(h, w, cfg.short_side, cfg.long_side) if cfg.short_side > 0 else 1.0
-        nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-        if scale < 0.5:
-            pil.draft("RGB", (nw, nh))  # JPEG: decode at a reduced DCT scale, far cheaper than full size
-        pil = pil.convert("RGB")
-        if pil.size != (nw, nh):
-            pil = pil.resize((nw, nh), Image.BILINEAR, reducing_gap=None)
-        image = torch.from_numpy(np.array(pil)).permute(2, 0, 1)  # [3, H, W] uint8
-        boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4)
-        boxes *= torch.tensor([nw / w, nh / h, nw / w, nh / h])
+        image, box_scale = load_resized(pil, cfg.short_side, cfg.long_side)
+        boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4) * box_scale
         scores = torch.tensor(meta["scores"], dtype=torch.float32)
         classes = torch.tensor(meta["classes"], dtype=torch.long)
         probs = None
@@ -172,7 +181,7 @@ def decode_text(record: dict) -> dict:
 
 # --- collation ---------------------------------------------------------------------------------------
 
-def _pad_ids(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_ids(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     length = max((len(s) for s in seqs), default=0)
     ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), length), dtype=torch.bool)
@@ -203,7 +212,7 @@ def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
         boxes[i, :k], box_mask[i, :k], classes[i, :k], scores[i, :k] = s["boxes"], True, s["classes"], s["scores"]
         if with_probs:
             probs[i, :k] = s["class_probs"]
-    ids, mask = _pad_ids([s["input_ids"] for s in samples])
+    ids, mask = pad_ids([s["input_ids"] for s in samples])
     return {"keys": [s["key"] for s in samples], "images": images,
             "image_sizes": torch.tensor([list(s["image"].shape[1:]) for s in samples]),  # [B, 2] (h, w)
             "boxes": boxes, "box_mask": box_mask, "box_classes": classes, "box_scores": scores,
@@ -211,7 +220,7 @@ def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
 
 
 def collate_text(samples: list[dict]) -> dict:
-    ids, mask = _pad_ids([s["input_ids"] for s in samples])
+    ids, mask = pad_ids([s["input_ids"] for s in samples])
     return {"keys": [s["key"] for s in samples], "input_ids": ids, "attention_mask": mask}
 
 

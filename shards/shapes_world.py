@@ -150,28 +150,33 @@ def relation(a: ShapeObject, b: ShapeObject) -> str:
     return "above" if dy < 0 else "below"
 
 
-def caption(scene: Scene, rng: random.Random) -> tuple[str, list[int]]:
-    """A caption naming some of the scene's objects; returns it and the indices of the objects named."""
+def caption(scene: Scene, rng: random.Random, mark=None) -> tuple[str, list[int]]:
+    """A caption naming some of the scene's objects; returns it and the indices of the objects named.
+
+    `mark(target, text)` may wrap each mention, as Flickr30k Entities marks phrases: target is an
+    object index, "all" (a mention of every shape) or None (a mention of no box); the words and the
+    random draws are the same with or without it."""
+    m = mark or (lambda target, text: text)
     objs = scene.objects
     n = len(objs)
     form = rng.random()
     if n >= 2 and form < 0.55:
         i, j = rng.sample(range(n), 2)
-        text = f"{objs[i].phrase()} {relation(objs[i], objs[j])} {objs[j].phrase()}"
+        text = f"{m(i, objs[i].phrase())} {relation(objs[i], objs[j])} {m(j, objs[j].phrase())}"
         named = [i, j]
         if n >= 3 and rng.random() < 0.4:
             k = rng.choice([x for x in range(n) if x not in named])
-            text += f" and {objs[k].phrase()} {relation(objs[k], objs[j])} it"
+            text += f" and {m(k, objs[k].phrase())} {relation(objs[k], objs[j])} {m(j, 'it')}"
             named.append(k)
     elif form < 0.8:
         named = rng.sample(range(n), min(n, rng.randint(1, 3)))
-        listed = [objs[i].phrase() for i in named]
+        listed = [m(i, objs[i].phrase()) for i in named]
         joined = listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
-        text = f"{NUMBER_WORDS[n]} shapes including {joined}"
+        text = f"{m('all', f'{NUMBER_WORDS[n]} shapes')} including {joined}"
     else:
         named = [rng.randrange(n)]
         where = "on the left" if objs[named[0]].centre[0] < scene.width / 2 else "on the right"
-        text = f"{objs[named[0]].phrase()} {where} among {NUMBER_WORDS[n - 1]} other shapes"
+        text = f"{m(named[0], objs[named[0]].phrase())} {where} among {m(None, f'{NUMBER_WORDS[n - 1]} other shapes')}"
     return text, named
 
 

@@ -1,6 +1,7 @@
 """2-process pretraining runs under the real `deepspeed` launcher on CPU (gloo), tiny config."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("deepspeed") is None, reason="deepspeed launcher not on PATH")
 
 
-def tiny_config(tmp_path, demo_corpus, run, **engine) -> Path:
+def tiny_config(tmp_path, demo_corpus, run, diagnostic: bool = False, **engine) -> Path:
     cfg = {
         "model_preset": "tiny",
         "model": {"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103,
@@ -28,6 +29,12 @@ def tiny_config(tmp_path, demo_corpus, run, **engine) -> Path:
         "engine": {"run_dir": str(tmp_path / run), "steps": 20, "zero_stage": 2, "precision": "fp32",
                    "log_every": 1, "checkpoint_every": 100, "image_every": 5, "progress": False, **engine},
     }
+    if diagnostic:  # the cross-modal ablation diagnostic on the demo's held-out images, every few steps
+        raw = demo_corpus / "raw"
+        cfg["diagnostic"] = {"flickr_root": str(raw / "flickr30k_entities"), "images": str(raw / "images"),
+                             "boxes": str(raw / "flickr30k_entities" / "boxes_val.jsonl"),
+                             "class_names": str(raw / "class_names.json"), "short_side": 64, "long_side": 96,
+                             "max_examples": 6, "batch_size": 3}
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -62,7 +69,9 @@ def metrics(run_dir: Path) -> dict[int, dict]:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_rank_run_learns_logs_exports(tmp_path, demo_corpus, stage):
     steps = 30 if stage == 2 else 16
-    config = tiny_config(tmp_path, demo_corpus, f"z{stage}", zero_stage=stage, steps=steps, record_keys=True)
+    # ZeRO-3 also runs the periodic diagnostic: its forwards gather partitioned parameters on every rank
+    config = tiny_config(tmp_path, demo_corpus, f"z{stage}", diagnostic=stage == 3, zero_stage=stage, steps=steps,
+                         record_keys=True, eval_every=8)
     out = launch(config)
     run = tmp_path / f"z{stage}"
     rows = metrics(run)
@@ -84,6 +93,11 @@ def test_two_rank_run_learns_logs_exports(tmp_path, demo_corpus, stage):
                 "throughput/tokens_per_s", "throughput/images_per_s", "data_wait_fraction", "memory/peak_bytes"):
         assert tag in scalars, tag
     assert len(events.Scalars("loss/total")) == steps
+    if stage == 3:
+        for tag in ("xmodal/v4l/none", "xmodal/v4l/object", "xmodal/v4l/all", "xmodal/l4v_kl/none",
+                    "xmodal/l4v_kl/phrase", "xmodal/l4v_kl/all", "xmodal/v4l_all_minus_none", "eval/seconds"):
+            assert [e.step for e in events.Scalars(tag)] == [8, 16], tag
+        assert all(math.isfinite(e.value) for e in events.Scalars("xmodal/v4l/object"))
     assert "train/sample" in events.Tags()["images"]
     # the export loads on its own and reproduces the live model's losses on a batch
     verify = json.loads((run / "export" / "verify.json").read_text())

@@ -1,0 +1,244 @@
+"""The cross-modal input ablation diagnostic: overlap rules by hand, what each ablation hides, the
+metrics against transformers' BERT and hand-computed statistics, skip accounting, the command line."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from model.config import model_config
+from model.vl_bert import VLBertForPretraining
+from pretrain.ablation import (
+    Ablator,
+    DiagnosticConfig,
+    PhraseData,
+    choose_targets,
+    evaluate,
+    gold_label,
+    model_report,
+    paired_test,
+    regions_over,
+    summarise,
+)
+
+GOLD = torch.tensor([[[0.0, 0, 10, 10]], [[50.0, 50, 60, 60]]])  # [B=2, K=1, 4]
+REGIONS = torch.tensor([
+    [[0.0, 0, 10, 10],   # the gold box: IoT 1, IoU 1
+     [0, 0, 20, 20],     # contains it: IoT 100/100 = 1, IoU 0.25
+     [5, 5, 15, 15],     # 5x5 overlap: IoT 0.25
+     [0, 0, 6, 10],      # 6x10 overlap: IoT 0.6, IoU 0.6
+     [0, 0, 10, 10]],    # padding
+    [[0.0, 0, 10, 10], [20, 20, 40, 40], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]],  # nothing near the gold box
+])
+BOX_MASK = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+
+
+def test_object_ablation_takes_regions_over_the_gold_box_by_iot():
+    over = regions_over(REGIONS, BOX_MASK, GOLD, torch.ones(2, 1, dtype=torch.bool), 0.5)
+    assert over.tolist() == [[True, True, False, True, False], [False] * 5]
+    # a lower threshold takes the 0.25-overlap region too; padding never
+    assert regions_over(REGIONS, BOX_MASK, GOLD, torch.ones(2, 1, dtype=torch.bool), 0.2)[0].tolist() == \
+        [True, True, True, True, False]
+
+
+def test_mrc_target_is_the_best_iou_candidate_and_its_overlaps_are_masked():
+    target, masked = choose_targets(REGIONS, BOX_MASK, GOLD, torch.ones(2, 1, dtype=torch.bool), 0.5)
+    assert target.tolist() == [0, -1]  # example 2: no region over its gold box
+    # IoT over region 0 (area 100): region 1 covers it (1.0), region 3 covers 0.6, region 2 0.25
+    assert masked.tolist() == [[True, True, False, True, False], [False] * 5]
+
+
+def test_gold_label_from_the_phrase():
+    index = {"star": 4, "dress": 7}
+    assert gold_label(["a", "small", "red", "star"], index) == 4
+    assert gold_label(["two", "Stars"], index) == 4
+    assert gold_label(["the", "dresses", "of", "it"], index) == 7
+    assert gold_label(["it"], index) == -1
+
+
+def test_statistics_by_hand():
+    s = summarise(np.array([1.0, 2.0, 3.0, np.nan]))
+    half = 4.302652729911275 / math.sqrt(3)  # t(0.975, 2 df) x sem (sd 1)
+    assert s["n"] == 3 and s["mean"] == 2.0
+    assert s["ci95"] == pytest.approx([2 - half, 2 + half])
+    t = paired_test(np.array([1.0, 2, 3, 4, np.nan]), np.array([2.0, 4, 5, 9, 1]))
+    # differences 1, 2, 2, 5: mean 2.5, sd sqrt(3), t = 2.5 / (sqrt(3) / 2)
+    assert t["n"] == 4 and t["mean_diff"] == 2.5 and t["t"] == pytest.approx(2.5 / (math.sqrt(3) / 2))
+    assert 0.05 < t["p"] < 0.1
+
+
+# --- the model side --------------------------------------------------------------------------------
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    model = VLBertForPretraining(model_config("tiny", updates={"fast_rcnn": {"roi_output_size": 4}})).eval()
+    for ln in (model.vl_bert.embeddings.visual_ln_text, model.vl_bert.embeddings.visual_ln_object):
+        torch.nn.init.ones_(ln.weight)  # open the visual gates so vision reaches the words
+    return model
+
+
+def _batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, 99, (2, 7), generator=g)
+    valid = torch.ones(2, 7, dtype=torch.bool)
+    valid[1, 5:] = False
+    phrase = torch.zeros(2, 7, dtype=torch.bool)
+    phrase[0, 1:3] = phrase[1, 2:4] = True
+    return {"images": torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g),
+            "image_sizes": torch.tensor([[64, 64], [60, 64]]), "boxes": REGIONS * 2, "box_mask": BOX_MASK,
+            "input_ids": ids, "attention_mask": valid, "phrase": phrase, "gold": GOLD * 2,
+            "gold_mask": torch.ones(2, 1, dtype=torch.bool), "gold_label": torch.tensor([3, -1]),
+            "class_probs": torch.softmax(torch.randn(2, 5, 9, generator=g), -1)}
+
+
+def _fitted(model, b):
+    ablator = Ablator(model)
+    ablator.fit_means([b])
+    return ablator
+
+
+def test_object_ablation_replaces_exactly_the_overlapping_regions():
+    model, b = _model(), _batch()
+    ablator = _fitted(model, b)
+    ablated = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], 0.5)
+    appearance, _ = ablator.visual(b, ablated, whole=False)
+    is_mean = (appearance[:, 1:] == ablator.region_mean).all(-1)
+    assert is_mean.tolist() == ablated.tolist()
+    assert not (appearance[:, 0] == ablator.whole_mean).all(-1).any()
+    # All: every element, the whole image included, is the average; no CNN needed
+    appearance, boxes_norm = ablator.visual(b, b["box_mask"], whole=True)
+    assert (appearance[:, 0] == ablator.whole_mean).all() and (appearance[:, 1:] == ablator.region_mean).all()
+    _, reference = model.vl_bert.region_features(images=b["images"], image_sizes=b["image_sizes"],
+                                                 boxes=b["boxes"], box_mask=b["box_mask"])[:2]
+    torch.testing.assert_close(boxes_norm, reference)
+
+
+def test_whole_image_element_carries_no_ablated_information():
+    model, b = _model(), _batch()
+    ablator = _fitted(model, b)
+    ablated = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], 0.5)
+    other = dict(b, images=b["images"].clone())
+    x2 = int(b["boxes"][0, ablated[0]][:, 2].max())
+    y2 = int(b["boxes"][0, ablated[0]][:, 3].max())
+    other["images"][0, :, :y2, :x2] = 255 - other["images"][0, :, :y2, :x2]  # change only ablated pixels
+    with torch.no_grad():
+        a, _ = ablator.visual(b, ablated, whole=False)
+        c, _ = ablator.visual(other, ablated, whole=False)
+        torch.testing.assert_close(a, c, rtol=0, atol=0)  # nothing of those pixels reaches any element
+        # without the ablation the same pixel change does reach the whole image (the test can fail)
+        plain, _ = ablator.visual(b, torch.zeros_like(ablated), whole=False)
+        changed, _ = ablator.visual(other, torch.zeros_like(ablated), whole=False)
+        assert not torch.allclose(plain[0, 0], changed[0, 0])
+        # MRC target masking: the same holds for language-for-vision's masked regions
+        l4v = ablator.language_for_vision(b, ("none",))["none"][0]
+        l4v_other = ablator.language_for_vision(other, ("none",))["none"][0]
+        torch.testing.assert_close(l4v[0], l4v_other[0], rtol=0, atol=0)
+
+
+def test_whole_image_in_precomputed_mode_is_the_mean_of_the_remaining_regions():
+    torch.manual_seed(0)
+    model = VLBertForPretraining(model_config("tiny", updates={"precomputed_feature_size": 16}),
+                                 with_fast_rcnn=False).eval()
+    b = _batch()
+    b.pop("images")
+    b["image_hw"] = b.pop("image_sizes")
+    b["region_features"] = torch.randn(2, 5, 16)
+    ablator = _fitted(model, b)
+    ablated = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], 0.5)
+    appearance, _ = ablator.visual(b, ablated, whole=False)
+    remaining = b["box_mask"][0] & ~ablated[0]
+    torch.testing.assert_close(appearance[0, 0], b["region_features"][0, remaining].mean(0))
+    assert (appearance[0, 1:][ablated[0]] == ablator.region_mean).all()
+
+
+def test_phrase_bits_match_transformers_bert(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    from model.hf_import import config_from_hf, load_hf_bert
+
+    hf_cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    BertForMaskedLM(hf_cfg).save_pretrained(tmp_path)
+    hf = BertForMaskedLM.from_pretrained(str(tmp_path), local_files_only=True).eval()
+    model = VLBertForPretraining(config_from_hf(tmp_path, "tiny"), with_fast_rcnn=False).eval()
+    load_hf_bert(model, tmp_path)
+    b = _batch()
+    bits = Ablator(model).vision_for_language(b, "text_only")
+    cfg = model.cfg
+    for i in range(2):
+        words = b["input_ids"][i][b["attention_mask"][i]]
+        phrase = b["phrase"][i][b["attention_mask"][i]]
+        ids = torch.cat([torch.tensor([cfg.cls_token_id]), words.masked_fill(phrase, cfg.mask_token_id),
+                         torch.tensor([cfg.sep_token_id])])
+        with torch.no_grad():
+            log_p = hf(input_ids=ids[None]).logits[0].log_softmax(-1)
+        rows = phrase.nonzero()[:, 0] + 1
+        expected = -log_p[rows, words[phrase]].mean() / math.log(2)
+        assert bits[i].item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+# --- data, skips and the command line on the demo corpus -------------------------------------------
+
+def _demo_cfg(demo_corpus, **kw):
+    raw = demo_corpus / "raw"
+    return DiagnosticConfig(flickr_root=str(raw / "flickr30k_entities"), images=str(raw / "images"),
+                            boxes=str(raw / "flickr30k_entities" / "boxes_val.jsonl"),
+                            class_names=str(raw / "class_names.json"), short_side=64, long_side=96,
+                            batch_size=8, **kw)
+
+
+def test_examples_without_an_overlapping_region_are_skipped_and_counted(demo_corpus, tmp_path):
+    from shards.tokenizer import load_tokenizer
+
+    cfg = _demo_cfg(demo_corpus, max_examples=12)
+    # move every region of the first val image far from its objects: its phrases cannot be scored
+    lines = (demo_corpus / "raw" / "flickr30k_entities" / "boxes_val.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["boxes"] = [[0, 0, 3, 3] for _ in first["boxes"]]
+    boxes = tmp_path / "boxes.jsonl"
+    boxes.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    cfg.boxes = str(boxes)
+    data = PhraseData(cfg, load_tokenizer(None), 9)
+    model = VLBertForPretraining(model_config("tiny", updates={"vocab_size": 30522, "cls_token_id": 101,
+                                                               "sep_token_id": 102, "mask_token_id": 103,
+                                                               "fast_rcnn": {"roi_output_size": 4}})).eval()
+    values = evaluate(Ablator(model), data, sweep=[0.5], progress=False)
+    on_first = np.array([it.image_id == first["image"][:-4] for it in data.items])
+    assert on_first.any() and not on_first.all()
+    assert np.isnan(values["l4v_kl/none"][on_first]).all()  # skipped, never a zero loss
+    assert np.isfinite(values["l4v_kl/none"][~on_first]).all()
+    assert np.isfinite(values["v4l/none"]).all()  # vision-for-language still scores them
+    report = model_report(values, data)
+    assert report["skipped"]["language-for-vision: no region over the gold box"] == on_first.sum()
+    assert report["l4v_kl"]["none"]["n"] == (~on_first).sum()
+    assert report["v4l"]["none"]["n"] == len(data) == 12
+
+
+def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path):
+    from model.export import save_pretrained
+    from pretrain.ablation import main
+    from shards.tokenizer import packaged_bert_dir
+
+    cfg = model_config("tiny", updates={"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102,
+                                        "mask_token_id": 103, "fast_rcnn": {"roi_output_size": 4}})
+    torch.manual_seed(0)
+    save_pretrained(VLBertForPretraining(cfg).state_dict(), cfg, tmp_path / "m", packaged_bert_dir())
+    raw = demo_corpus / "raw"
+    out = tmp_path / "out"
+    main(["--model", f"tiny={tmp_path / 'm'}", "--text-baseline", "packaged", "--out", str(out),
+          f"flickr_root={raw / 'flickr30k_entities'}", f"images={raw / 'images'}",
+          f"boxes={raw / 'flickr30k_entities' / 'boxes_val.jsonl'}", f"class_names={raw / 'class_names.json'}",
+          "short_side=64", "long_side=96", "max_examples=10", "batch_size=5"])
+    report = json.loads((out / "results.json").read_text())
+    assert set(report["models"]) == {"tiny", "text-only BERT"}
+    tiny = report["models"]["tiny"]
+    assert set(tiny["v4l"]) == {"none", "object", "all"} and set(tiny["l4v_kl"]) == {"none", "phrase", "all"}
+    assert set(tiny["sweep"]) == {"0.1", "0.3", "0.5", "0.7", "0.9"}
+    assert {(t["metric"], t["a"], t["b"]) for t in tiny["paired_tests"]} >= {("v4l", "none", "all")}
+    assert set(report["models"]["text-only BERT"]["v4l"]) == {"text_only"}
+    assert "| tiny |" in (out / "results.md").read_text()
+    for png in ("figure2.png", "threshold_sweep.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
