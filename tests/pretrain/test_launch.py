@@ -33,3 +33,17 @@ def test_launch_configs_load(name):
         assert model_cfg.fast_rcnn.weights is None  # YAML null stays None, not the string "None"
         assert model_cfg.fast_rcnn.backbone == "resnet101" and model_cfg.fast_rcnn.channels_last is True
     assert model_cfg.hidden_size == {"demo": 384, "vlbert_base_cc": 768, "vlbert_large_cc": 1024}[name]
+
+
+def test_ablation_sh_passes_arguments_through(tmp_path):
+    out = subprocess.run(["bash", str(ROOT / "launch/ablation.sh"), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--text-baseline" in out.stdout and "Flickr30k Entities" in out.stdout
+    bad = subprocess.run(["bash", str(ROOT / "launch/ablation.sh"), "--model", f"x={tmp_path}"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "config.yaml" in bad.stderr  # not an exported directory: named
+
+
+def test_demo_config_runs_the_periodic_diagnostic():
+    cfg = load_config(PretrainConfig, ROOT / "launch/configs/demo.yaml")
+    assert cfg.engine.eval_every > 0 and cfg.diagnostic is not None
+    assert Path(cfg.diagnostic.flickr_root).parts[:2] == ("data", "demo")

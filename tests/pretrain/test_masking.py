@@ -118,3 +118,20 @@ def test_caption_budget_and_determinism(masker):
     again = m(caption_batch(b=4, n=60))["caption"]
     for k in ("input_ids", "masked_regions", "mlm_positions", "mrc_positions"):
         assert torch.equal(out[k], again[k])  # same batch index -> same masks
+
+
+def test_image_always_ablated_control_sees_only_the_mean_colour():
+    from model.config import FastRCNNConfig
+    from model.fast_rcnn import FastRCNN
+
+    tok = load_tokenizer(None)
+    m = PretrainMasker(MaskingConfig(ablate_image=True), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+    batch = caption_batch()
+    out = m(batch)["caption"]
+    plain = PretrainMasker(MaskingConfig(), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)(batch)
+    # the same words and region targets; only the pixels differ
+    for key in ("input_ids", "mlm_labels", "mrc_positions", "boxes"):
+        assert torch.equal(out[key], plain["caption"][key])
+    normalised = FastRCNN(FastRCNNConfig(num_classes=9)).normalise(out["images"], out["image_sizes"])
+    assert normalised.abs().max() < 0.01  # the detector's pixel mean: 0 after normalisation, up to rounding
+    assert not torch.equal(batch["caption"]["images"], out["images"])
