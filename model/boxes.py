@@ -35,6 +35,17 @@ def box_iot(regions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.where(target_area > 0, inter / target_area.clamp(min=1e-12), torch.zeros_like(inter))
 
 
+def with_whole_image(boxes: torch.Tensor, image_hw: torch.Tensor) -> torch.Tensor:
+    """[B, N, 4] pixel boxes, [B, 2] (h, w) -> [B, 1+N, 4] with the whole-image box (0, 0, w, h) first."""
+    wh = image_hw.flip(-1).to(boxes.dtype)
+    return torch.cat([torch.cat([torch.zeros_like(wh), wh], -1).unsqueeze(1), boxes], 1)
+
+
+def normalise(boxes: torch.Tensor, image_hw: torch.Tensor) -> torch.Tensor:
+    """[B, N, 4] pixel boxes / (w, h, w, h) of each image ([B, 2] (h, w))."""
+    return boxes / image_hw.flip(-1).to(boxes.dtype).repeat(1, 2).unsqueeze(1)
+
+
 def from_one_based_inclusive(boxes: torch.Tensor) -> torch.Tensor:
     """PASCAL VOC / Flickr30k corners (1-based, inclusive) -> 0-based continuous (x2, y2 exclusive)."""
     return boxes.to(torch.float32) - torch.tensor([1.0, 1.0, 0.0, 0.0], device=boxes.device)

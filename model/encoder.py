@@ -62,10 +62,13 @@ class BertSelfAttention(nn.Module):
         return out.transpose(1, 2).reshape(b, l, -1), (k, v), probs
 
 
-class BertSelfOutput(nn.Module):
-    def __init__(self, cfg: VLBertConfig):
+class BertOutput(nn.Module):
+    """Dense -> dropout -> + residual -> LayerNorm: after attention (BERT's `attention.output`, from
+    hidden_size) and after the feed-forward (`output`, from intermediate_size); HF parameter names."""
+
+    def __init__(self, cfg: VLBertConfig, in_size: int):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = nn.Linear(in_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
@@ -77,7 +80,7 @@ class BertAttention(nn.Module):
     def __init__(self, cfg: VLBertConfig):
         super().__init__()
         self.self = BertSelfAttention(cfg)
-        self.output = BertSelfOutput(cfg)
+        self.output = BertOutput(cfg, cfg.hidden_size)
 
 
 class BertIntermediate(nn.Module):
@@ -89,17 +92,6 @@ class BertIntermediate(nn.Module):
         return F.gelu(self.dense(x))  # exact (erf) GELU, as BERT
 
 
-class BertOutput(nn.Module):
-    def __init__(self, cfg: VLBertConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-
-    def forward(self, h, residual):
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
-
-
 class BertLayer(nn.Module):
     """Eq. 1-4 of the VL-BERT paper: attention, residual + LayerNorm, feed-forward, residual + LayerNorm."""
 
@@ -107,7 +99,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(cfg)
         self.intermediate = BertIntermediate(cfg)
-        self.output = BertOutput(cfg)
+        self.output = BertOutput(cfg, cfg.intermediate_size)
 
     def forward(self, x, bias, past=None, want_probs: bool = False):
         attended, kv, probs = self.attention.self(x, bias, past, want_probs)

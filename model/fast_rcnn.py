@@ -24,6 +24,7 @@ import torchvision
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d, roi_align
 
+from .boxes import with_whole_image
 from .config import FastRCNNConfig
 
 
@@ -130,9 +131,7 @@ class FastRCNN(nn.Module):
         if self.cfg.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         features = self.backbone(x)  # [B, C4, H/16, W/16]
-        hw = image_sizes.flip(-1).to(boxes.dtype)  # (w, h)
-        whole = torch.cat([torch.zeros_like(hw), hw], -1).unsqueeze(1)  # [B, 1, 4]
-        all_boxes = torch.cat([whole, boxes], 1)  # [B, 1+N, 4]
+        all_boxes = with_whole_image(boxes, image_sizes)  # [B, 1+N, 4]
         index = torch.arange(b, device=boxes.device, dtype=boxes.dtype).view(b, 1, 1).expand(b, n + 1, 1)
         rois = torch.cat([index, all_boxes], -1).reshape(-1, 5).to(features.dtype)
         crops = roi_align(features, rois, self.cfg.roi_output_size, spatial_scale=1 / 16, sampling_ratio=0,

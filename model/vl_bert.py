@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .boxes import normalise, with_whole_image
 from .config import VLBertConfig
 from .encoder import BertEncoder, KVCache
 from .fast_rcnn import FastRCNN
@@ -183,21 +184,19 @@ class VLBert(nn.Module):
             if self.fast_rcnn is None:
                 raise ValueError("this VLBert has no Fast R-CNN: pass region_features (precomputed mode)")
             out = self.fast_rcnn(images, image_sizes, boxes, box_mask, masked_regions)
-            hw = image_sizes.to(out["boxes"].dtype)
+            hw = image_sizes
             appearance, all_boxes, logits = out["appearance"], out["boxes"], out["class_logits"]
         else:
             if image_hw is None:
                 raise ValueError("precomputed region features need image_hw [B, 2] to normalise the boxes")
-            hw = image_hw.to(boxes.dtype)
+            hw = image_hw
             keep = (box_mask & ~masked_regions).unsqueeze(-1)
             feats = region_features.masked_fill(~keep, 0.0)
             whole = feats.sum(1, keepdim=True) / keep.sum(1, keepdim=True).clamp(min=1)
             appearance = torch.cat([whole, feats], 1)
-            whole_box = torch.cat([torch.zeros_like(hw), hw.flip(-1)], -1).unsqueeze(1)
-            all_boxes = torch.cat([whole_box, boxes], 1)
+            all_boxes = with_whole_image(boxes, hw)
             logits = None
-        scale = hw.flip(-1).repeat(1, 2).unsqueeze(1)  # [B, 1, 4]: (w, h, w, h)
-        return appearance, all_boxes / scale, logits
+        return appearance, normalise(all_boxes, hw), logits
 
     # -- forward -------------------------------------------------------------------------------------
 

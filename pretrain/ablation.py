@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.boxes import box_iot, box_iou
+from model.boxes import box_iot, box_iou, normalise, with_whole_image
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import check_boxes, load_box_file
 from shards.flickr30k_entities import load_phrase_examples
@@ -274,10 +274,8 @@ class Ablator:
         bsz, n = ablated.shape
         mean = torch.cat([self.whole_mean.unsqueeze(0), self.region_mean.expand(n, -1)], 0)  # [1+N, F]
         if whole and bool((ablated == b["box_mask"]).all()):  # nothing of the image is left: no CNN to run
-            hw = (b["image_hw"] if "image_hw" in b else b["image_sizes"]).to(b["boxes"].dtype)
-            whole_box = torch.cat([torch.zeros_like(hw), hw.flip(-1)], -1).unsqueeze(1)
-            scale = hw.flip(-1).repeat(1, 2).unsqueeze(1)
-            return mean.expand(bsz, -1, -1), torch.cat([whole_box, b["boxes"]], 1) / scale
+            hw = b["image_hw"] if "image_hw" in b else b["image_sizes"]
+            return mean.expand(bsz, -1, -1), normalise(with_whole_image(b["boxes"], hw), hw)
         appearance, boxes_norm, _ = self.vb.region_features(boxes=b["boxes"], box_mask=b["box_mask"],
                                                             masked_regions=ablated, **self._visual_kwargs(b))
         fill = torch.cat([torch.full_like(ablated[:, :1], whole), ablated], 1)  # [B, 1+N]

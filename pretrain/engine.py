@@ -249,12 +249,17 @@ class Engine:
             scalars["memory/peak_bytes"] = torch.cuda.max_memory_allocated()
         else:
             scalars["memory/peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        if self.writer is not None:
-            for k, v in scalars.items():
-                self.writer.add_scalar(k, v, self.step)
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"step": self.step, **scalars}) + "\n")
+        self._write_scalars(scalars, "metrics.jsonl")
         return scalars
+
+    def _write_scalars(self, scalars: dict[str, float], jsonl: str) -> None:
+        """Rank 0: to TensorBoard and one JSON line of <run_dir>/<jsonl>."""
+        if self.writer is None:
+            return
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, self.step)
+        with open(self.run_dir / jsonl, "a") as f:
+            f.write(json.dumps({"step": self.step, **scalars}) + "\n")
 
     def train(self, resume: bool = False) -> dict:
         cfg = self.cfg
@@ -337,11 +342,7 @@ class Engine:
         finally:
             self.engine.train()
         scalars["eval/seconds"] = time.perf_counter() - start
-        if self.writer is not None:
-            for k, v in scalars.items():
-                self.writer.add_scalar(k, v, self.step)
-            with open(self.run_dir / "eval.jsonl", "a") as f:
-                f.write(json.dumps({"step": self.step, **scalars}) + "\n")
+        self._write_scalars(scalars, "eval.jsonl")
         return scalars
 
     def _record_keys(self, batch: dict) -> None:
