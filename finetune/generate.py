@@ -1,0 +1,164 @@
+"""Decoding for BERT-gen: greedy, beam search and sampling, batched, stopping at the end token.
+
+Incremental by default: X is encoded once and each step appends one token through cached keys/values
+(beams reorder the cache). `cached=False` runs the paper's procedure instead, re-encoding
+`X y_<t [MASK]` from scratch every step; both compute the same distributions, so they produce the
+same sequences and scores (tested) and differ only in cost (bench/decoding.py).
+
+Scores are the model's log P(Y | X) (natural log) of the returned tokens; constraints (minimum
+length, n-gram blocking, top-k/top-p) only remove candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.bert_gen import BertGen, GenInput, select_input
+
+
+@dataclass
+class DecodeConfig:
+    method: str = "beam"  # greedy | beam | sample
+    max_length: int = 20  # target tokens, the end token included
+    min_length: int = 1  # the end token is blocked before this many tokens
+    beam_size: int = 3
+    length_penalty: float = 1.0  # beams ranked by sum log p / length ** length_penalty
+    no_repeat_ngram_size: int = 0  # 0 = off
+    temperature: float = 1.0  # sampling
+    top_k: int = 0  # sampling: keep the k most likely (0 = all)
+    top_p: float = 1.0  # sampling: nucleus mass
+    cached: bool = True  # False: re-encode the whole sequence every step (the paper's procedure)
+    seed: int = 0  # sampling
+
+
+@dataclass
+class Generated:
+    tokens: torch.Tensor  # [B, T] padded with pad_id after the end token
+    scores: torch.Tensor  # [B] log P(tokens | X)
+    lengths: torch.Tensor  # [B] tokens up to and including the end token
+
+
+class _Cached:
+    def __init__(self, model: BertGen, inp: GenInput):
+        self.model, self.state = model, model.start(inp)
+
+    def __call__(self, history: torch.Tensor) -> torch.Tensor:
+        last = history[:, -1] if history.shape[1] else None
+        logp, self.state = self.model.step(self.state, last)
+        return logp
+
+    def select(self, index: torch.Tensor) -> None:
+        self.state = self.state.select(index)
+
+
+class _Naive:
+    def __init__(self, model: BertGen, inp: GenInput):
+        self.model, self.inp = model, inp
+
+    def __call__(self, history: torch.Tensor) -> torch.Tensor:
+        return self.model.naive_step(self.inp, history)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.inp = select_input(self.inp, index)
+
+
+def ban_repeated_ngrams(logp: torch.Tensor, history: torch.Tensor, n: int) -> torch.Tensor:
+    """-inf for every token that would complete an n-gram already in `history` [B, t]."""
+    if n <= 0 or history.shape[1] < n:
+        return logp
+    windows = history.unfold(1, n, 1)  # [B, t - n + 1, n]
+    prefix = history[:, history.shape[1] - (n - 1):]
+    match = (windows[:, :, : n - 1] == prefix.unsqueeze(1)).all(-1)  # [B, W]
+    banned = torch.zeros_like(logp, dtype=torch.int32).scatter_add_(1, windows[:, :, -1], match.int())
+    return logp.masked_fill(banned > 0, float("-inf"))
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), -1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix reaching top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
+
+
+def _constrain(logp: torch.Tensor, history: torch.Tensor, cfg: DecodeConfig, end_id: int) -> torch.Tensor:
+    if history.shape[1] + 1 < cfg.min_length:
+        logp = logp.clone()
+        logp[:, end_id] = float("-inf")
+    return ban_repeated_ngrams(logp, history, cfg.no_repeat_ngram_size)
+
+
+@torch.no_grad()
+def generate(model: BertGen, inp: GenInput, cfg: DecodeConfig, *, end_id: int, pad_id: int = 0) -> Generated:
+    if cfg.method not in ("greedy", "beam", "sample"):
+        raise ValueError(f"decode.method: '{cfg.method}' is not greedy, beam or sample")
+    stepper = (_Cached if cfg.cached else _Naive)(model, inp)
+    if cfg.method == "beam" and cfg.beam_size > 1:
+        return _beam(stepper, inp.mask.shape[0], cfg, end_id, pad_id, inp.mask.device)
+    return _one_path(stepper, inp.mask.shape[0], cfg, end_id, pad_id, inp.mask.device)
+
+
+def _one_path(stepper, bsz: int, cfg: DecodeConfig, end_id: int, pad_id: int, dev) -> Generated:
+    history = torch.zeros(bsz, 0, dtype=torch.long, device=dev)
+    score = torch.zeros(bsz, device=dev)
+    length = torch.zeros(bsz, dtype=torch.long, device=dev)
+    done = torch.zeros(bsz, dtype=torch.bool, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(cfg.seed) if cfg.method == "sample" else None
+    for _ in range(cfg.max_length):
+        logp = stepper(history)
+        allowed = _constrain(logp, history, cfg, end_id)
+        if cfg.method == "sample":
+            logits = filter_top_k_top_p(allowed / max(cfg.temperature, 1e-6), cfg.top_k, cfg.top_p)
+            token = torch.multinomial(logits.softmax(-1), 1, generator=gen).squeeze(1)
+        else:
+            token = allowed.argmax(-1)
+        score = score + torch.where(done, 0.0, logp.gather(1, token.unsqueeze(1)).squeeze(1))
+        length = length + (~done).long()
+        token = torch.where(done, pad_id, token)
+        history = torch.cat([history, token.unsqueeze(1)], 1)
+        done = done | (token == end_id)
+        if bool(done.all()):  # one sync per generated token, not per training step
+            break
+    return Generated(history, score, length)
+
+
+def _beam(stepper, bsz: int, cfg: DecodeConfig, end_id: int, pad_id: int, dev) -> Generated:
+    k = cfg.beam_size
+    stepper.select(torch.arange(bsz, device=dev).repeat_interleave(k))
+    beam_score = torch.zeros(bsz, k, device=dev)
+    beam_score[:, 1:] = float("-inf")  # k identical beams at first: expand only one
+    history = torch.zeros(bsz * k, 0, dtype=torch.long, device=dev)
+    length = torch.zeros(bsz * k, dtype=torch.long, device=dev)
+    done = torch.zeros(bsz * k, dtype=torch.bool, device=dev)
+    base = (torch.arange(bsz, device=dev) * k).unsqueeze(1)
+    alpha = cfg.length_penalty
+    for _ in range(cfg.max_length):
+        logp = _constrain(stepper(history), history, cfg, end_id)
+        vocab = logp.shape[1]
+        finished_row = torch.full_like(logp[:1], float("-inf"))
+        finished_row[0, pad_id] = 0.0  # a finished beam only extends by padding, at no cost
+        logp = torch.where(done.unsqueeze(1), finished_row, logp)
+        cand = beam_score.view(-1, 1) + logp  # [B*k, V]
+        new_len = (length + (~done).long()).clamp(min=1).unsqueeze(1).float()
+        ranked = (cand / new_len ** alpha).view(bsz, k * vocab)
+        _, idx = ranked.topk(k, -1)  # [B, k]
+        origin = (base + idx // vocab).view(-1)
+        token = (idx % vocab).view(-1)
+        beam_score = cand.view(bsz, k * vocab).gather(1, idx)
+        was_done = done.index_select(0, origin)
+        length = length.index_select(0, origin) + (~was_done).long()
+        history = torch.cat([history.index_select(0, origin), token.unsqueeze(1)], 1)
+        done = was_done | (token == end_id)
+        stepper.select(origin)
+        if bool(done.all()):
+            break
+    final = beam_score.view(-1) / length.clamp(min=1).float() ** alpha
+    best = base.squeeze(1) + final.view(bsz, k).argmax(-1)
+    return Generated(history.index_select(0, best), beam_score.view(-1).index_select(0, best),
+                     length.index_select(0, best))

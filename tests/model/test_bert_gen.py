@@ -1,0 +1,116 @@
+"""BERT-gen: the attention rule by hand, training = inference exactness, cached = naive decoding."""
+
+import pytest
+import torch
+
+from finetune.generate import DecodeConfig, ban_repeated_ngrams, filter_top_k_top_p, generate
+from model.bert_gen import INPUT, PSEUDO_MASK, TARGET, BertGen, attention_rule
+from model.config import model_config
+
+END = 4  # the tiny preset's [SEP]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = model_config("tiny", overrides=["visual_embedding=linear", "hidden_dropout_prob=0",
+                                          "attention_probs_dropout_prob=0"])
+    m = BertGen(cfg).eval()
+    with torch.no_grad():  # a sharper output distribution than the 0.02-std init, so decodes differ
+        m.model.mlm_head.bias.normal_(0, 2.0)
+    return m
+
+
+def batch(with_text=True, with_image=True):
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    if with_text:
+        ids = torch.randint(10, 99, (3, 5), generator=g)
+        mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+        out.update(text_ids=ids, text_mask=mask)
+    if with_image:
+        out.update(features=torch.randn(3, 4, 24, generator=g), boxes=torch.rand(3, 4, 4, generator=g),
+                   region_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool))
+    return out
+
+
+def test_attention_rule_matches_hand_written_mask():
+    # X = x1 x2(pad) | y1 y2 | m1 m2
+    kind = torch.tensor([[INPUT, INPUT, TARGET, TARGET, PSEUDO_MASK, PSEUDO_MASK]])
+    time = torch.tensor([[0, 0, 1, 2, 1, 2]])
+    real = torch.tensor([[1, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    expected = torch.tensor([
+        # x1 x2 y1 y2 m1 m2
+        [1, 0, 0, 0, 0, 0],  # x1: inputs only
+        [1, 0, 0, 0, 0, 0],  # x2 (padding row): inputs only
+        [1, 0, 1, 0, 0, 0],  # y1: X, y1
+        [1, 0, 1, 1, 0, 0],  # y2: X, y1, y2
+        [1, 0, 0, 0, 1, 0],  # m1: X and itself
+        [1, 0, 1, 0, 0, 1],  # m2: X, y1 and itself
+    ], dtype=torch.bool)
+    assert torch.equal(attention_rule(kind, time, kind, time, real)[0], expected)
+
+
+def test_image_tokens_take_bert_positions_1_to_n(model):
+    b = batch(with_text=False)
+    inp = model.embed_input(**b)
+    emb = model.bert.embeddings
+    i, r = 1, 2  # sample 1, region 2 -> sequence element 3, position 3
+    expected = model.bert.embed_regions_linear(b["features"][i, r], b["boxes"][i, r]) + \
+        emb.position_embeddings.weight[r + 1] + emb.token_type_embeddings.weight[0]
+    torch.testing.assert_close(inp.embeddings[i, r + 1], expected)
+    assert inp.length.tolist() == [6, 5, 3]  # [CLS] + real regions + [SEP]
+
+
+@pytest.mark.parametrize("modes", [(True, False), (False, True), (True, True)])
+def test_training_pass_equals_incremental_decoding(model, modes):
+    b = batch(*modes)
+    targets = torch.tensor([[11, 12, 13, END], [21, 22, END, 0], [31, END, 0, 0]])
+    tmask = targets != 0
+    with torch.no_grad():
+        inp = model.embed_input(**b)
+        trained = model.sequence_log_probs(inp, targets, tmask)
+        state, total, last = model.start(inp), torch.zeros(3), None
+        for t in range(targets.shape[1]):
+            logp, state = model.step(state, last)
+            last = targets[:, t]
+            total += logp.gather(1, last.unsqueeze(1)).squeeze(1) * tmask[:, t]
+            naive = model.naive_step(inp, targets[:, :t])
+            torch.testing.assert_close(naive, logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trained, total, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam", "sample"])
+def test_cached_and_naive_decoding_agree(model, method):
+    cfg = dict(method=method, max_length=8, min_length=3, beam_size=3, length_penalty=0.7,
+               no_repeat_ngram_size=2, top_k=20, top_p=0.9, temperature=0.8)
+    with torch.no_grad():
+        inp = model.embed_input(**batch())
+        fast = generate(model, inp, DecodeConfig(**cfg, cached=True), end_id=END)
+        slow = generate(model, inp, DecodeConfig(**cfg, cached=False), end_id=END)
+        assert torch.equal(fast.tokens, slow.tokens)
+        torch.testing.assert_close(fast.scores, slow.scores, atol=1e-5, rtol=0)
+        assert (fast.lengths >= 3).all()
+        # the reported score is the model's own log P(Y | X) of the returned sequence
+        tmask = torch.arange(fast.tokens.shape[1]) < fast.lengths.unsqueeze(1)
+        again = model.sequence_log_probs(inp, fast.tokens, tmask)
+        torch.testing.assert_close(again, fast.scores, atol=1e-5, rtol=0)
+
+
+def test_beam_search_beats_or_matches_greedy(model):
+    with torch.no_grad():
+        inp = model.embed_input(**batch())
+        greedy = generate(model, inp, DecodeConfig(method="greedy", max_length=6), end_id=END)
+        beam = generate(model, inp, DecodeConfig(method="beam", beam_size=5, max_length=6, length_penalty=0.0),
+                        end_id=END)
+    assert (beam.scores >= greedy.scores - 1e-5).all()
+
+
+def test_ngram_blocking_and_nucleus_by_hand():
+    history = torch.tensor([[5, 6, 7, 5]])  # bigram (5, 6) seen: after 5, token 6 is banned
+    out = ban_repeated_ngrams(torch.zeros(1, 10), history, 2)
+    assert torch.isinf(out[0, 6]) and torch.isfinite(out[0, [0, 1, 2, 3, 4, 5, 7, 8, 9]]).all()
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(filter_top_k_top_p(logits, 0, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7 <= 0.8
+    assert torch.isfinite(filter_top_k_top_p(logits, 3, 1.0)).sum() == 3
