@@ -357,6 +357,8 @@ class Engine:
         self._barrier()
         if self.rank != 0:
             return None
+        if self.cfg.zero_stage == 0:  # no ZeRO partitions: every rank holds the whole module
+            return {k: v.detach().float().cpu() for k, v in self.engine.module.state_dict().items()}
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         latest = complete_checkpoints(self.ckpt_dir)[-1]

@@ -13,6 +13,8 @@ Raw layout under `<out>/raw/`:
   flickr30k_entities/                   the val images as Flickr30k Entities (Sentences/, Annotations/,
                                         val.txt) plus their region box file keyed `<id>.jpg`, for the
                                         cross-modal ablation diagnostic (`python -m pretrain.ablation`)
+  vqg/                                  visual question generation data in VQG_COCO's format (csv per
+                                        split + COCO captions JSON), for `launch/finetune_vqg.sh`
 Shards under `<out>/shards/{captions-train,captions-val,text}/` with a manifest each.
 """
 
@@ -136,6 +138,54 @@ def write_flickr30k_entities(raw: Path, seed: int, sentences_per_image: int = 5)
     return out
 
 
+def write_vqg(raw: Path, seed: int, n_train: int = 1600, n_val: int = 200) -> Path:
+    """Visual question generation data in VQG_COCO's distributed format: `coco_{train,val,test}_all.csv`
+    (`image_id,image_url,questions,ratings`, questions joined by `---`) and COCO-format captions
+    (`captions_train2014.json` for train images, `captions_val2014.json` for val and test, as VQG_COCO's
+    val/test images come from COCO val), 5 captions per image (the first is the corpus caption). The
+    test split is the corpus' held-out val images."""
+    import csv
+
+    out = raw / "vqg"
+    out.mkdir(parents=True, exist_ok=True)
+    val_images = {line.split("\t")[1].strip() for line in open(raw / "captions_val.tsv") if line.strip()}
+    splits: dict[str, list] = {"train": [], "val": [], "test": []}
+    captions = {"train": {"images": [], "annotations": []}, "val": {"images": [], "annotations": []}}
+    seen_train = 0
+    with open(raw / "scenes.jsonl") as scenes:
+        for line in scenes:
+            scene = json.loads(line)
+            index = int(Path(scene["image"]).stem)
+            if scene["image"] in val_images:
+                split = "test"
+            elif seen_train < n_train:
+                split, seen_train = "train", seen_train + 1
+            elif seen_train < n_train + n_val:
+                split, seen_train = "val", seen_train + 1
+            else:
+                continue
+            world = sw.Scene(scene["width"], scene["height"], (0, 0, 0), [
+                sw.ShapeObject(o["category"], o["colour"], o["size"], tuple(o["box"]), o["covered"])
+                for o in scene["objects"]])
+            rng = random.Random(seed * 7_000_003 + index)
+            qs = sw.questions(world, rng, 5)
+            splits[split].append([index, scene["image"], "---".join(qs), "---".join("3" for _ in qs)])
+            coco = captions["train" if split == "train" else "val"]
+            coco["images"].append({"id": index, "file_name": scene["image"], "width": scene["width"],
+                                   "height": scene["height"]})
+            texts = [scene["caption"]] + [sw.caption(world, rng)[0] for _ in range(4)]
+            for j, text in enumerate(texts):
+                coco["annotations"].append({"image_id": index, "id": index * 10 + j, "caption": text})
+    for split, rows in splits.items():
+        with open(out / f"coco_{split}_all.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["image_id", "image_url", "questions", "ratings"])
+            writer.writerows(rows)
+    for split, data in captions.items():
+        (out / f"captions_{split}2014.json").write_text(json.dumps(data))
+    return out
+
+
 def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: int = 200, seed: int = 0,
                n_books: int = 24, n_articles: int = 200, tokenizer: str | None = None,
                force: bool = False, progress: bool = True) -> Path:
@@ -146,10 +196,13 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
     if all(p.exists() for p in done) and not force:
         if not (raw / "flickr30k_entities" / "val.txt").exists():  # corpora built before it existed
             write_flickr30k_entities(raw, seed)
+        if not (raw / "vqg" / "coco_test_all.csv").exists():
+            write_vqg(raw, seed, n_train=min(1600, (n_images - n_val) * 4 // 5), n_val=min(200, (n_images - n_val) // 5))
         print(f"demo corpus already built under {out} (pass --force to rebuild)", file=sys.stderr)
         return out
     write_raw(out, n_images, n_val, seed, n_books, n_articles)
     write_flickr30k_entities(raw, seed)
+    write_vqg(raw, seed, n_train=min(1600, (n_images - n_val) * 4 // 5), n_val=min(200, (n_images - n_val) // 5))
     class_names = json.loads((raw / "class_names.json").read_text())
     meta = {"class_names": class_names, "num_classes": len(class_names)}
     for split in ("train", "val"):

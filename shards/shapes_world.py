@@ -224,3 +224,47 @@ def prose_sentence(rng: random.Random) -> str:
 
 def prose_paragraph(rng: random.Random, min_sentences: int = 3, max_sentences: int = 7) -> str:
     return " ".join(prose_sentence(rng) for _ in range(rng.randint(min_sentences, max_sentences)))
+
+
+# --- visual questions about a scene (the demo's VQG_COCO-format data) ------------------------------
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _plural(category: str) -> str:
+    return category + ("es" if category.endswith("ss") else "s")
+
+
+def questions(scene: Scene, rng: random.Random, k: int = 5) -> list[str]:
+    """Up to k distinct questions a person could ask about the picture, each answerable from it; some
+    name objects the caption may not mention, so the image is worth looking at."""
+    objs = scene.objects
+    visible = [o for o in objs if not o.covered]
+    pool: list[str] = ["how many shapes are there?"]
+    by_category: dict[str, list[ShapeObject]] = {}
+    for o in visible:
+        by_category.setdefault(o.category, []).append(o)
+    for category, group in by_category.items():
+        if len(group) == 1:
+            pool.append(f"what color is the {category}?")
+        else:
+            pool.append(f"how many {_plural(category)} are there?")
+    colours = {}
+    for o in visible:
+        colours.setdefault(o.colour, []).append(o)
+    for colour, group in colours.items():
+        if len(group) == 1:
+            pool.append(f"what shape is {colour}?")
+        pool.append(f"is there {_article(colour)} {colour} {group[0].category}?")
+    if any(o.covered for o in objs):
+        pool.append("what is under the cloth?")
+    if len(visible) >= 2:
+        a, b = rng.sample(visible, 2)
+        pool.append(f"what is {relation(a, b)} the {b.colour} {b.category}?")
+        pool.append(f"is the {a.category} {relation(a, b)} the {b.category}?")
+    biggest = max(objs, key=lambda o: o.box[2] - o.box[0])
+    if not biggest.covered:
+        pool.append("what is the largest shape?")
+    pool = list(dict.fromkeys(pool))
+    return rng.sample(pool, min(k, len(pool)))

@@ -1,0 +1,450 @@
+"""BERT-gen visual question generation: one run of the three-step protocol (or an ablation), trained by
+the shared engine, then evaluated on a split.
+
+    python -m finetune.vqg --config launch/configs/vqg_demo.yaml step=step1 inputs=caption init=packaged
+    bash launch/finetune_vqg.sh            # every step and ablation on the demo, then the report
+
+Steps (Scialom et al. 2020, section 4): step1 caption only from BERT; step2 image only from step 1 with
+every BERT weight frozen and only W trained (`train_only_projection`); step2_unfreeze the same with
+nothing frozen; step3 image + caption from step 1's BERT and step 2's W, everything trained;
+step3_scratch image + caption from BERT with a random W.
+
+`init` gives the BERT weights Θ: a transformers BERT directory, "packaged" (all-MiniLM-L6-v2), a VL-BERT
+export (pretrained with this repository; its visual layers are not used, BERT-gen has its own W), or a
+BERT-gen run's `model/`. `init_projection` gives W from a BERT-gen run's `model/` (None = random).
+
+Outputs under engine.run_dir: TensorBoard, checkpoints, `model/` (weights + config + tokenizer +
+`bert_gen.json`, which says the step and what it was initialised from), `predictions_<split>.json`
+(`[{image_id, question, score}]`), `metrics_<split>.json` (both tokenisations), `xsim_<split>.json`,
+`attention/*.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.bert_gen import BertGen
+from model.config import load_config
+from pretrain.engine import EngineConfig, OptimConfig, to_device
+
+from .generate import DecodeConfig, generate
+from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
+
+STEPS = ("step1", "step2", "step2_unfreeze", "step3", "step3_scratch", "custom")
+DEMO = "data/demo/raw/vqg"
+
+
+@dataclass
+class VQGDataConfig:
+    train: str = f"{DEMO}/coco_train_all.csv"  # VQG_COCO csv, or VQA v1.0 OpenEnded_mscoco_*_questions.json
+    val: str = f"{DEMO}/coco_val_all.csv"
+    test: str = f"{DEMO}/coco_test_all.csv"
+    captions: list = field(default_factory=lambda: [f"{DEMO}/captions_train2014.json",
+                                                    f"{DEMO}/captions_val2014.json"])  # COCO captions files
+    features: str = "data/demo/vqg_features.tsv"  # bottom-up TSV (comma-separated list) or shard glob
+    image_root: str = "data/demo/raw"  # image_url (or COCO file_name) relative to it: attention views
+    tokenizer: str | None = None  # local BERT directory; None = the init's, or the packaged one
+    max_caption_tokens: int = 40
+    max_question_tokens: int = 20  # word-pieces, the end token included
+    max_regions: int = 36
+
+
+@dataclass
+class VQGConfig:
+    step: str = "custom"  # step1 | step2 | step2_unfreeze | step3 | step3_scratch | custom: a label
+    inputs: str = "caption"  # caption | image | both
+    init: str = "packaged"
+    init_projection: str | None = None
+    train_only_projection: bool = False  # Step 2: every other parameter frozen
+    batch_size: int = 128  # global
+    epochs: float = 5.0
+    warmup_fraction: float = 0.1
+    label_smoothing: float = 0.0
+    eval_split: str = "test"  # val | test
+    eval_batch_size: int = 32
+    max_eval_images: int = 0  # 0 = all
+    meteor: bool = True  # needs java
+    attention_views: int = 4  # PNGs of generated questions' attention
+    seed: int = 0
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    data: VQGDataConfig = field(default_factory=VQGDataConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5, weight_decay=0.0))
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(run_dir="runs/vqg/custom", zero_stage=0,
+                                                                       checkpoint_every=10_000, log_every=10,
+                                                                       image_every=0))
+
+
+# --- data --------------------------------------------------------------------------------------------
+
+class VQGSet:
+    """An split's images with their questions, captions and region features, tokenised once."""
+
+    def __init__(self, path: str, cfg: VQGDataConfig, tokenizer, captions: dict, features, inputs: str):
+        images = read_vqg_coco_csv(path) if path.endswith(".csv") else read_vqa_questions(path)
+        self.skipped: dict[str, list[str]] = {}
+        kept = []
+        for im in images:
+            if inputs != "image" and not captions.get(im.image_id):
+                self.skipped.setdefault("no caption", []).append(im.image_id)
+            elif inputs != "caption" and im.image_id not in features:
+                self.skipped.setdefault("no region features", []).append(im.image_id)
+            else:
+                kept.append(im)
+        if not kept:
+            raise ValueError(f"{path}: no usable images ({ {k: len(v) for k, v in self.skipped.items()} } skipped; "
+                             f"captions from {cfg.captions}, features from {cfg.features})")
+        self.images, self.features, self.inputs, self.cfg = kept, features, inputs, cfg
+        self.tokenizer = tokenizer
+        self.caption_text = [captions.get(im.image_id, [""])[0] for im in kept]
+        enc = tokenizer(self.caption_text, add_special_tokens=False, truncation=True, max_length=cfg.max_caption_tokens)
+        self.caption_ids = enc["input_ids"]
+        self.pairs = [(i, q) for i, im in enumerate(kept) for q in im.questions]
+        questions = tokenizer([q for _, q in self.pairs], add_special_tokens=False, truncation=True,
+                              max_length=cfg.max_question_tokens - 1)["input_ids"]
+        self.question_ids = [ids + [tokenizer.sep_token_id] for ids in questions]
+
+    def references(self) -> dict[str, list[str]]:
+        return {im.image_id: im.questions for im in self.images}
+
+    def inputs_for(self, image_indices: list[int], inputs: str | None = None) -> dict:
+        from shards.reader import pad_ids
+
+        inputs = inputs or self.inputs
+        out = {}
+        if inputs != "image":
+            ids, mask = pad_ids([torch.tensor(self.caption_ids[i] or [0], dtype=torch.long) for i in image_indices])
+            mask &= torch.tensor([[len(self.caption_ids[i]) > 0] for i in image_indices])
+            out.update(text_ids=ids, text_mask=mask)
+        if inputs != "caption":
+            feats, boxes, rmask = region_tensors([self.features[self.images[i].image_id] for i in image_indices],
+                                                 self.cfg.max_regions)
+            out.update(features=feats, boxes=boxes, region_mask=rmask)
+        return out
+
+    def batch(self, pair_indices: list[int]) -> dict:
+        from shards.reader import pad_ids
+
+        out = self.inputs_for([self.pairs[p][0] for p in pair_indices])
+        out["target_ids"], out["target_mask"] = pad_ids([torch.tensor(self.question_ids[p]) for p in pair_indices])
+        return out
+
+
+class PairLoader:
+    """Epochs over (image, question) pairs: a seeded permutation per epoch, split across ranks, with a
+    resumable position (the engine checkpoints `state_dict()`)."""
+
+    def __init__(self, data: VQGSet, micro_batch: int, seed: int, rank: int = 0, world: int = 1):
+        self.data, self.micro, self.seed, self.rank, self.world = data, micro_batch, seed, rank, world
+        self.epoch, self.position = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return max(1, len(self.data.pairs) // self.world // self.micro)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def __iter__(self):
+        while True:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(len(self.data.pairs), generator=g)[self.rank:: self.world].tolist()
+            while self.position < self.batches_per_epoch:
+                start = self.position * self.micro
+                self.position += 1
+                yield self.data.batch(order[start: start + self.micro])
+            self.epoch, self.position = self.epoch + 1, 0
+
+
+def model_inputs(batch: dict) -> dict:
+    return {k: batch[k] for k in ("text_ids", "text_mask", "features", "boxes", "region_mask") if k in batch}
+
+
+class VQGTask(nn.Module):
+    def __init__(self, gen: BertGen, label_smoothing: float):
+        super().__init__()
+        self.gen, self.label_smoothing = gen, label_smoothing
+
+    def forward(self, batch: dict):
+        inp = self.gen.embed_input(**model_inputs(batch))
+        loss, acc = self.gen.loss(inp, batch["target_ids"], batch["target_mask"], self.label_smoothing)
+        return loss, {"loss/total": loss.detach(), "acc/token": acc.detach()}
+
+
+# --- building the model ---------------------------------------------------------------------------------
+
+def _is_ours(path: Path) -> bool:
+    return (path / "config.yaml").exists()
+
+
+def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
+    """BertGen with Θ from `cfg.init` and W from `cfg.init_projection` (or random); returns it and a
+    record of where every part came from."""
+    from safetensors.torch import load_file
+
+    from model.export import load_config_dir
+    from model.hf_import import config_from_hf, load_hf_bert
+    from pretrain.run import _bert_dir
+
+    gen_updates = {"visual_embedding": "linear", "precomputed_feature_size": feature_size}
+    source = _bert_dir(cfg.init) if cfg.init != "random" else None
+    record = {"step": cfg.step, "inputs": cfg.inputs, "init": cfg.init, "init_projection": cfg.init_projection,
+              "train_only_projection": cfg.train_only_projection}
+    if source is None:
+        mcfg = config_from_hf(_bert_dir("packaged"), "base", updates=gen_updates)
+        gen = BertGen(mcfg)
+        record["theta_from"] = "random init"
+    elif _is_ours(source):
+        base = dict(asdict(load_config_dir(source)), **gen_updates)
+        from model.config import VLBertConfig, from_dict
+
+        mcfg = from_dict(VLBertConfig, base, str(source / "config.yaml"))
+        gen = BertGen(mcfg)
+        state = load_file(str(source / "model.safetensors"))
+        w_names = set(gen.projection_parameters())
+        own = gen.model.state_dict()
+        # everything but W whose name and shape match: a BERT-gen run gives all of Θ; a VL-BERT export its
+        # BERT (its visual layers have other names, its RoI head another class count)
+        theta = {k: v for k, v in state.items() if k in own and f"model.{k}" not in w_names
+                 and own[k].shape == v.shape}
+        gen.model.load_state_dict(theta, strict=False)
+        record["theta_from"] = f"{source} ({len(theta)} tensors)"
+    else:
+        mcfg = config_from_hf(source, "base", updates=gen_updates)
+        gen = BertGen(mcfg)
+        loaded = load_hf_bert(gen.model, source)
+        has_head = any(k.startswith("cls.predictions.") for k in loaded["loaded"])
+        record["theta_from"] = f"{source} (transformers BERT{'' if has_head else '; no MLM head in it: the head transform starts random'})"
+    if cfg.init_projection:
+        path = Path(cfg.init_projection)
+        state = load_file(str(path / "model.safetensors"))
+        w = {k: v for k, v in state.items() if f"model.{k}" in set(gen.projection_parameters())}
+        own = gen.model.state_dict()
+        if len(w) != 2 or any(own[k].shape != v.shape for k, v in w.items()):
+            raise ValueError(f"{path}/model.safetensors: no BERT-gen projection W of shape "
+                             f"{list(own['vl_bert.embeddings.visual_linear.weight'].shape)}")
+        gen.model.load_state_dict(w, strict=False)
+        record["projection_from"] = str(path)
+    else:
+        record["projection_from"] = "random init"
+    if cfg.train_only_projection:
+        keep = set(gen.projection_parameters())
+        for name, p in gen.named_parameters():
+            p.requires_grad_(name in keep)
+    return gen, record
+
+
+def load_bert_gen(path: str | Path) -> BertGen:
+    from safetensors.torch import load_file
+
+    from model.export import TIED, load_config_dir
+
+    gen = BertGen(load_config_dir(path))
+    missing, unexpected = gen.model.load_state_dict(load_file(str(Path(path) / "model.safetensors")), strict=False)
+    missing = [k for k in missing if k != TIED]
+    if missing or unexpected:
+        raise ValueError(f"{path}: not a BERT-gen model directory (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return gen
+
+
+# --- evaluation -------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def generate_questions(gen: BertGen, data: VQGSet, decode: DecodeConfig, batch_size: int, device="cpu",
+                       limit: int = 0, progress: bool = True) -> list[dict]:
+    from tqdm import tqdm
+
+    gen.eval()
+    n = len(data.images) if not limit else min(limit, len(data.images))
+    out = []
+    for start in tqdm(range(0, n, batch_size), desc="generate", unit="batch", disable=not progress):
+        idx = list(range(start, min(n, start + batch_size)))
+        inp = gen.embed_input(**to_device(data.inputs_for(idx), device))
+        res = generate(gen, inp, decode, end_id=gen.cfg.sep_token_id, pad_id=gen.cfg.pad_token_id)
+        for j, i in enumerate(idx):
+            ids = res.tokens[j, : int(res.lengths[j])].tolist()
+            text = data.tokenizer.decode(ids, skip_special_tokens=True)
+            out.append({"image_id": data.images[i].image_id, "question": text, "score": float(res.scores[j])})
+    return out
+
+
+@torch.no_grad()
+def xsim(gen: BertGen, data: VQGSet, batch_size: int = 32, device="cpu", limit: int = 0) -> list[float]:
+    """Mean cosine between [CLS] of each image fed alone and [CLS] of its caption fed alone, per layer
+    (embedding output excluded): the paper's Figure 3."""
+    gen.eval()
+    usable = [i for i, im in enumerate(data.images) if data.caption_ids[i] and im.image_id in data.features]
+    usable = usable[:limit] if limit else usable
+    if not usable:
+        raise ValueError("Xsim needs images with both a caption and region features")
+    sums = None
+    for start in range(0, len(usable), batch_size):
+        b = to_device(data.inputs_for(usable[start: start + batch_size], "both"), device)
+        img = gen.cls_states(gen.embed_input(features=b["features"], boxes=b["boxes"], region_mask=b["region_mask"]))
+        cap = gen.cls_states(gen.embed_input(text_ids=b["text_ids"], text_mask=b["text_mask"]))
+        cos = torch.nn.functional.cosine_similarity(img.float(), cap.float(), dim=-1).sum(1)
+        sums = cos if sums is None else sums + cos
+    return (sums / len(usable))[1:].tolist()
+
+
+@torch.no_grad()
+def attention_view(gen: BertGen, data: VQGSet, index: int, question_ids: list[int], path: Path) -> None:
+    """Last-layer attention, averaged over heads and over the pseudo-masks that generated the question,
+    from the question to the input's regions and caption words."""
+    from PIL import Image
+
+    from .vqg_eval import plot_attention
+
+    gen.eval()
+    b = data.inputs_for([index])
+    inp = gen.embed_input(**b)
+    target = torch.tensor([question_ids])
+    _, out = gen.teacher_forcing(inp, target, torch.ones_like(target, dtype=torch.bool), output_attentions=True)
+    t = target.shape[1]
+    weights = out.attentions[-1][0].mean(0)[-t:, : inp.mask.shape[1]].mean(0)  # [P] over input elements
+    n_regions = b["region_mask"].shape[1] if "region_mask" in b else 0
+    region_w = weights[1: 1 + n_regions][b["region_mask"][0]].numpy() if n_regions else weights[:0].numpy()
+    words, word_w = [], weights[:0].numpy()
+    if "text_ids" in b:
+        start = 1 + (n_regions + 1 if n_regions else 0)
+        m = b["text_mask"][0]
+        words = data.tokenizer.convert_ids_to_tokens(b["text_ids"][0][m].tolist())
+        word_w = weights[start: start + b["text_ids"].shape[1]][m].numpy()
+    im = data.images[index]
+    image_path = Path(data.cfg.image_root) / im.url
+    if n_regions and image_path.is_file():
+        image = Image.open(image_path).convert("RGB")
+        boxes = data.features[im.image_id].boxes[: data.cfg.max_regions]
+    else:  # caption only: the words alone
+        image = Image.new("RGB", (320, 240), (255, 255, 255))
+        boxes, region_w = np.zeros((0, 4), np.float32), np.zeros(0, np.float32)
+    question = data.tokenizer.decode(question_ids, skip_special_tokens=True)
+    plot_attention(image, boxes, region_w, words, word_w, question, path)
+
+
+def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, device="cpu") -> dict:
+    from .vqg_eval import question_metrics
+
+    split = cfg.eval_split
+    preds = generate_questions(gen, data, cfg.decode, cfg.eval_batch_size, device, cfg.max_eval_images)
+    (run_dir / f"predictions_{split}.json").write_text(json.dumps(preds, indent=1))
+    refs = data.references()
+    hyp = {p["image_id"]: p["question"] for p in preds}
+    metrics = {"step": cfg.step, "split": split, "images": len(preds), "decode": asdict(cfg.decode)}
+    for tok in ("ptb", "nqg"):
+        metrics[tok] = question_metrics(hyp, refs, tok, meteor=cfg.meteor)
+    (run_dir / f"metrics_{split}.json").write_text(json.dumps(metrics, indent=1))
+    if data.features is not None and any(data.caption_ids):
+        curve = xsim(gen, data, cfg.eval_batch_size, device, cfg.max_eval_images)
+        (run_dir / f"xsim_{split}.json").write_text(json.dumps({"step": cfg.step, "split": split, "xsim": curve}))
+    views = run_dir / "attention"
+    views.mkdir(exist_ok=True)
+    for i in range(min(cfg.attention_views, len(preds))):
+        ids = data.tokenizer(preds[i]["question"], add_special_tokens=False)["input_ids"][: cfg.data.max_question_tokens - 1]
+        attention_view(gen.cpu(), data, i, ids + [data.tokenizer.sep_token_id], views / f"{preds[i]['image_id']}.png")
+    return metrics
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+
+def _init_single_process() -> None:
+    """Without a launcher, a world of one (the engine runs on DeepSpeed either way)."""
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="BERT-gen visual question generation (one step of the protocol)",
+                                epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="VQGConfig YAML (see launch/configs/vqg_*.yaml)")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("overrides", nargs="*", help="key=value, e.g. step=step2 inputs=image epochs=2")
+    args = p.parse_args(argv)
+    cfg = load_config(VQGConfig, args.config, args.overrides)
+    if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
+        raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both (got {cfg.step}, {cfg.inputs})")
+    _init_single_process()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(args.local_rank)
+    torch.manual_seed(cfg.seed)
+    from pretrain.engine import Engine
+    from shards.tokenizer import load_tokenizer, resolve_bert_dir
+
+    run_dir = Path(cfg.engine.run_dir)
+    features = open_features(cfg.data.features) if cfg.inputs != "caption" or not args.eval_only else None
+    if features is None and Path(cfg.data.features).exists():
+        features = open_features(cfg.data.features)
+    feature_size = features[next(iter(features.index))].features.shape[1] if features is not None else 2048
+    tok_dir = cfg.data.tokenizer
+    if tok_dir is None and cfg.init not in ("random", "packaged") and (Path(cfg.init) / "vocab.txt").exists():
+        tok_dir = cfg.init
+    tokenizer = load_tokenizer(str(resolve_bert_dir(tok_dir)))
+    captions = read_coco_captions(cfg.data.captions)
+    if args.eval_only:
+        gen = load_bert_gen(run_dir / "model")
+    else:
+        gen, record = build_model(cfg, feature_size)
+        train = VQGSet(cfg.data.train, cfg.data, tokenizer, captions, features, cfg.inputs)
+        micro = max(1, cfg.batch_size // world)
+        loader = PairLoader(train, micro, cfg.seed, rank, world)
+        cfg.engine.steps = max(1, math.ceil(cfg.epochs * loader.batches_per_epoch))
+        cfg.optim.warmup_steps = int(cfg.warmup_fraction * cfg.engine.steps)
+        trainable = sum(p.numel() for p in gen.parameters() if p.requires_grad)
+        record.update(trainable_parameters=trainable, total_parameters=sum(p.numel() for p in gen.parameters()),
+                      train_pairs=len(train.pairs), train_images=len(train.images), skipped=
+                      {k: len(v) for k, v in train.skipped.items()}, steps=cfg.engine.steps)
+        if rank == 0:
+            print(f"{cfg.step}: inputs={cfg.inputs}, Θ from {record['theta_from']}, W from "
+                  f"{record['projection_from']}; {trainable:,} of {record['total_parameters']:,} parameters "
+                  f"trained; {len(train.pairs)} pairs, {cfg.engine.steps} steps", flush=True)
+        engine = Engine(VQGTask(gen, cfg.label_smoothing), loader, cfg.engine, cfg.optim, micro_batch_size=micro,
+                        count_batch=lambda b: {"samples": float(b["target_ids"].shape[0]),
+                                               "tokens": float(b["target_mask"].sum()), "images": 0.0},
+                        run_info={"config": asdict(cfg), "bert_gen": record})
+        engine.train(resume=args.resume)
+        state = engine.consolidated_state_dict()
+        if rank == 0:
+            from model.export import save_pretrained
+
+            state = {k.removeprefix("gen.model."): v for k, v in state.items()}
+            save_pretrained(state, gen.cfg, run_dir / "model", resolve_bert_dir(tok_dir))
+            (run_dir / "model" / "bert_gen.json").write_text(json.dumps(record, indent=1))
+            gen = load_bert_gen(run_dir / "model")
+    if rank == 0:
+        split_path = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
+        data = VQGSet(split_path, cfg.data, tokenizer, captions, features, cfg.inputs)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        metrics = evaluate_run(gen.to(device), cfg, data, run_dir, device)
+        line = ", ".join(f"{k}={v:.4f}" for k, v in metrics["ptb"].items())
+        print(f"{cfg.step} on {cfg.eval_split} ({metrics['images']} images, PTB tokenisation): {line}\n"
+              f"outputs: {run_dir}", flush=True)
+    torch.distributed.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""VQG evaluation: BLEU-1..4, METEOR, ROUGE-L and CIDEr (pycocoevalcap) against every reference question
+of an image, keyed by image; the cross-modal similarity Xsim; and an attention view.
+
+Tokenisation matters and papers rarely say which they used, so both are offered and reported:
+- "ptb": pycocoevalcap's PTB tokenizer (Stanford CoreNLP, needs java), as the COCO caption server;
+  it lowercases and drops punctuation, including "?".
+- "nqg": lowercase, punctuation split off and kept (so "?" counts), then the scorers directly, as the
+  nqg question-generation evaluation scripts (Du et al. 2017) feed pre-tokenised text.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+METRICS = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"]
+
+
+def nqg_tokenize(text: str) -> str:
+    return " ".join(re.findall(r"\w+|[^\w\s]", text.lower()))
+
+
+def question_metrics(predictions: dict[str, str], references: dict[str, list[str]], tokenization: str = "ptb",
+                     meteor: bool = True) -> dict[str, float]:
+    """predictions: image -> generated question; references: image -> all its reference questions."""
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    keys = sorted(predictions)
+    missing = [k for k in keys if not references.get(k)]
+    if missing:
+        raise ValueError(f"no reference questions for images {missing[:5]}")
+    if tokenization == "ptb":
+        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+        tok = PTBTokenizer()
+        res = tok.tokenize({k: [{"caption": predictions[k]}] for k in keys})
+        gts = tok.tokenize({k: [{"caption": r} for r in references[k]] for k in keys})
+    elif tokenization == "nqg":
+        res = {k: [nqg_tokenize(predictions[k])] for k in keys}
+        gts = {k: [nqg_tokenize(r) for r in references[k]] for k in keys}
+    else:
+        raise ValueError(f"tokenization: '{tokenization}' is not ptb or nqg")
+    out: dict[str, float] = {}
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    out.update({f"Bleu_{n + 1}": float(b) for n, b in enumerate(bleu)})
+    if meteor:
+        from pycocoevalcap.meteor.meteor import Meteor
+
+        scorer = Meteor()
+        try:
+            out["METEOR"] = float(scorer.compute_score(gts, res)[0])
+        finally:
+            _close_meteor(scorer)
+    out["ROUGE_L"] = float(Rouge().compute_score(gts, res)[0])
+    out["CIDEr"] = float(Cider().compute_score(gts, res)[0])
+    return out
+
+
+def _close_meteor(scorer) -> None:
+    proc = getattr(scorer, "meteor_p", None)
+    if proc is not None and proc.poll() is None:
+        with scorer.lock:
+            proc.stdin.close()
+            proc.kill()
+            proc.wait()
+
+
+# --- Xsim ---------------------------------------------------------------------------------------------
+
+def cosine_by_layer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[layers + 1, B, hidden] twice -> mean cosine per layer [layers + 1]."""
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean(1)
+
+
+def plot_xsim(curves: dict[str, list[float]], path, title: str = "Cross-modal similarity Xsim") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for name, values in curves.items():
+        ax.plot(range(1, len(values) + 1), values, marker="o", ms=3, label=name)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("cosine([CLS] of image alone, [CLS] of caption alone)")
+    ax.set_title(title)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- attention view -------------------------------------------------------------------------------------
+
+def plot_attention(image, boxes: np.ndarray, region_weights: np.ndarray, words: list[str],
+                   word_weights: np.ndarray, question: str, path) -> None:
+    """The image with each region shaded by the attention it gets, the caption's words highlighted by
+    theirs (weights normalised to the largest of both), the generated question as the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    top = max(float(region_weights.max(initial=0)), float(word_weights.max(initial=0)), 1e-12)
+    fig = plt.figure(figsize=(6.0, 6.6))
+    ax = fig.add_axes([0.02, 0.18, 0.96, 0.74])
+    ax.imshow(image)
+    ax.axis("off")
+    for (x1, y1, x2, y2), w in sorted(zip(boxes.tolist(), region_weights.tolist()), key=lambda z: z[1]):
+        a = w / top
+        ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, facecolor=(1, 0.2, 0, 0.55 * a),
+                               edgecolor=(1, 0.2, 0, 0.3 + 0.7 * a), lw=1.5))
+        ax.text(x1 + 2, y1 + 2, f"{w:.2f}", fontsize=7, va="top", color="black")
+    ax.set_title(f"generated: {question}", fontsize=10)
+    tx = fig.add_axes([0.02, 0.02, 0.96, 0.13])
+    tx.axis("off")
+    x, y = 0.0, 0.7
+    for word, w in zip(words, word_weights.tolist()):
+        t = tx.text(x, y, word, fontsize=10, transform=tx.transAxes,
+                    bbox=dict(facecolor=(1, 0.2, 0, 0.8 * w / top), edgecolor="none", pad=1.5))
+        fig.canvas.draw()
+        width = t.get_window_extent().transformed(tx.transAxes.inverted()).width
+        x += width + 0.015
+        if x > 0.9:
+            x, y = 0.0, y - 0.45
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

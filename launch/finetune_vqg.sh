@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# BERT-gen visual question generation: the three-step protocol and its ablations, one command each.
+#   bash launch/finetune_vqg.sh [STEP ...] [key=value ...]
+# STEP: step1          caption only, from BERT (the config's `init`)
+#       step2          image only, from step 1, every BERT weight frozen: only W trains
+#       step2_unfreeze image only, from step 1, everything trains
+#       step3          image + caption, BERT from step 1 and W from step 2, everything trains
+#       step3_scratch  image + caption, from BERT with a random W
+#       report         table of every finished step, Xsim plot (with a random-weights transformer)
+#       all            (default) every step in order, then the report
+# Environment: CONFIG (default launch/configs/vqg_demo.yaml), RUNS (default runs/vqg),
+#   NUM_GPUS (default: all local GPUs; on CPU one process).
+# With the demo config, the demo corpus and its region features (our Fast R-CNN: the demo pretraining
+# run's if runs/demo/export exists, else an untrained seeded ResNet-18) are built first if missing.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$(dirname "$here")"
+config="${CONFIG:-launch/configs/vqg_demo.yaml}"
+runs="${RUNS:-runs/vqg}"
+steps=()
+overrides=()
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help) sed -n '2,17p' "$0" | cut -c3-; exit 0 ;;
+    step1|step2|step2_unfreeze|step3|step3_scratch|report) steps+=("$arg") ;;
+    all) steps+=(step1 step2 step2_unfreeze step3 step3_scratch report) ;;
+    *=*) overrides+=("$arg") ;;
+    *) echo "launch/finetune_vqg.sh: unknown step '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ ${#steps[@]} -gt 0 ] || steps=(step1 step2 step2_unfreeze step3 step3_scratch report)
+[ -f "$config" ] || { echo "launch/finetune_vqg.sh: config '$config' not found" >&2; exit 2; }
+
+if grep -q "data/demo/vqg_features.tsv" "$config"; then
+  python -m shards.demo --out data/demo
+  if [ ! -s data/demo/vqg_features.tsv ]; then
+    python - <<'PY' > data/demo/vqg_images.txt
+import csv, glob
+for path in sorted(glob.glob("data/demo/raw/vqg/coco_*_all.csv")):
+    for row in csv.DictReader(open(path)):
+        print(row["image_url"])
+PY
+    detector=(--backbone resnet18)
+    [ -f runs/demo/export/config.yaml ] && detector=(--model runs/demo/export)
+    python -m finetune.vqg_features --image-root data/demo/raw --boxes data/demo/raw/boxes.jsonl \
+      --images data/demo/vqg_images.txt --out data/demo/vqg_features.tsv.part \
+      --short-side 128 --long-side 192 --batch-size 16 "${detector[@]}"
+    mv data/demo/vqg_features.tsv.part data/demo/vqg_features.tsv
+  fi
+fi
+
+gpus="${NUM_GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
+run_step() {  # name, then key=value settings of that step
+  local name="$1"; shift
+  echo "== $name ==" >&2
+  if [ "$gpus" -gt 0 ]; then
+    deepspeed --num_gpus "$gpus" --module finetune.vqg --config "$config" step="$name" \
+      engine.run_dir="$runs/$name" "$@" ${overrides[@]+"${overrides[@]}"}
+  else
+    python -m finetune.vqg --config "$config" step="$name" engine.run_dir="$runs/$name" "$@" \
+      ${overrides[@]+"${overrides[@]}"}
+  fi
+}
+need() { [ -f "$runs/$1/model/model.safetensors" ] || { echo "launch/finetune_vqg.sh: $2 needs $1 first ($runs/$1/model)" >&2; exit 2; }; }
+for step in "${steps[@]}"; do
+  case "$step" in
+    step1) run_step step1 inputs=caption ;;
+    step2) need step1 step2; run_step step2 inputs=image init="$runs/step1/model" train_only_projection=true ;;
+    step2_unfreeze) need step1 step2_unfreeze; run_step step2_unfreeze inputs=image init="$runs/step1/model" ;;
+    step3) need step1 step3; need step2 step3
+           run_step step3 inputs=both init="$runs/step1/model" init_projection="$runs/step2/model" ;;
+    step3_scratch) run_step step3_scratch inputs=both ;;
+    report) python -m finetune.vqg_report --config "$config" --runs "$runs" ${overrides[@]+"${overrides[@]}"} ;;
+  esac
+done

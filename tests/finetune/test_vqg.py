@@ -1,0 +1,198 @@
+"""VQG data readers on hand-written files in the official formats, the metrics on a hand-computed case,
+and the protocol's Step 2 really training only W (a real run of finetune.vqg)."""
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from finetune.vqg_data import (
+    ShardFeatures,
+    TsvFeatures,
+    VQGFormatError,
+    read_coco_captions,
+    read_vqa_questions,
+    read_vqg_coco_csv,
+    region_tensors,
+    tsv_to_shards,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_vqg_coco_csv(tmp_path):
+    path = tmp_path / "coco_test_all.csv"
+    path.write_text('image_id,image_url,questions,ratings\n'
+                    '457,http://farm4.staticflickr.com/1/457.jpg,"What is he doing, and why?---Who is that?",3---2\n'
+                    '\n'
+                    '12,http://x/12.jpg,Is it raining?---Where is it?---What time is it?,3---3---1\n')
+    images = read_vqg_coco_csv(path)
+    assert [i.image_id for i in images] == ["457", "12"]
+    assert images[0].questions == ["What is he doing, and why?", "Who is that?"]
+    assert images[1].questions[2] == "What time is it?" and images[1].ratings == ["3", "3", "1"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,url,q\n1,u,a?\n")
+    with pytest.raises(VQGFormatError, match=r"bad.csv:1: expected the header"):
+        read_vqg_coco_csv(bad)
+    bad.write_text("image_id,image_url,questions,ratings\n1,u,a?,3\n2,u\n")
+    with pytest.raises(VQGFormatError, match=r"bad.csv:3: expected 4 fields"):
+        read_vqg_coco_csv(bad)
+
+
+def test_vqa_questions_and_coco_captions(tmp_path):
+    q = tmp_path / "OpenEnded_mscoco_val2014_questions.json"
+    q.write_text(json.dumps({"questions": [{"image_id": 5, "question": "What?", "question_id": 50},
+                                           {"image_id": 7, "question": "Who?", "question_id": 70},
+                                           {"image_id": 5, "question": "Why?", "question_id": 51}]}))
+    by_id = {i.image_id: i.questions for i in read_vqa_questions(q)}
+    assert by_id == {"5": ["What?", "Why?"], "7": ["Who?"]}
+    c = tmp_path / "captions_val2014.json"
+    c.write_text(json.dumps({"images": [], "annotations": [{"image_id": 5, "id": 9, "caption": "second "},
+                                                            {"image_id": 5, "id": 3, "caption": "first"}]}))
+    assert read_coco_captions([c]) == {"5": ["first", "second"]}
+
+
+def _b64(a):
+    return base64.b64encode(np.asarray(a, dtype=np.float32).tobytes()).decode()
+
+
+def test_bottom_up_tsv_and_shards(tmp_path):
+    boxes = [[0, 0, 10, 20], [5, 5, 15, 15]]
+    feats = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    tsv = tmp_path / "feats.tsv"
+    # as bottom-up-attention's generate_tsv.py writes it, one line per image; the second line as
+    # Python 3 ports write it, with the bytes' repr
+    tsv.write_text(f"42\t640\t480\t2\t{_b64(boxes)}\t{_b64(feats)}\n"
+                   f"7\t100\t50\t1\tb'{_b64([[1, 2, 3, 4]])}'\tb'{_b64([[9, 9, 9]])}'\n")
+    store = TsvFeatures(tsv)
+    r = store["42"]
+    assert (r.width, r.height) == (640, 480)
+    np.testing.assert_array_equal(r.boxes, boxes)
+    np.testing.assert_array_equal(r.features, feats)
+    np.testing.assert_array_equal(store[7].features, [[9, 9, 9]])
+    feats_t, boxes_t, mask = region_tensors([store["42"], store["7"]], 36)
+    torch.testing.assert_close(boxes_t[0, 0], torch.tensor([0, 0, 10 / 640, 20 / 480]))
+    assert mask.tolist() == [[True, True], [True, False]]
+    tsv_to_shards(tsv, tmp_path / "shards")
+    shards = ShardFeatures(str(tmp_path / "shards" / "*.tar"))
+    np.testing.assert_array_equal(shards["42"].features, feats)
+    assert shards["7"].width == 100 and len(shards) == 2
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(f"1\t10\t10\t2\t{_b64(boxes)}\n")
+    with pytest.raises(VQGFormatError, match=r"bad.tsv:1: expected 6 tab-separated fields"):
+        TsvFeatures(bad)["1"]
+    bad.write_text(f"1\t10\t10\t3\t{_b64(boxes)}\t{_b64(feats)}\n")
+    with pytest.raises(VQGFormatError, match=r"bad.tsv:1: field 'boxes' holds 8 floats"):
+        TsvFeatures(bad)["1"]
+
+
+def test_question_metrics_hand_computed():
+    from finetune.vqg_eval import question_metrics
+
+    refs = {"1": ["what is it"], "2": ["a b c e"]}
+    hyp = {"1": "what is it ?", "2": "a b c d"}
+    nqg = question_metrics(hyp, refs, "nqg", meteor=False)
+    # image 1: 3 of 4 unigrams match ("?" kept); image 2: 3 of 4. Corpus BLEU-1 = 6/8, hypotheses
+    # (8 tokens) are not shorter than references (7): no brevity penalty
+    assert nqg["Bleu_1"] == pytest.approx(0.75, abs=1e-6)
+    if shutil.which("java"):
+        ptb = question_metrics(hyp, refs, "ptb", meteor=False)
+        # PTB drops "?": image 1 matches fully, 7 tokens each side -> 6/7
+        assert ptb["Bleu_1"] == pytest.approx(6 / 7, abs=1e-6)
+
+
+def test_pair_loader_resumes_exactly():
+    from finetune.vqg import PairLoader
+
+    class Data:
+        pairs = list(range(23))
+
+        def batch(self, idx):
+            return idx
+
+    a = PairLoader(Data(), 4, seed=3)
+    it = iter(a)
+    first = [next(it) for _ in range(7)]  # crosses an epoch (5 batches per epoch)
+    state = a.state_dict()
+    rest = [next(it) for _ in range(4)]
+    b = PairLoader(Data(), 4, seed=3)
+    b.load_state_dict(state)
+    it2 = iter(b)
+    assert [next(it2) for _ in range(4)] == rest
+    assert sorted(sum(first[:5], [])) == sorted(set(sum(first[:5], [])))  # no pair twice in an epoch
+
+
+@pytest.fixture(scope="module")
+def tiny_vqg(tmp_path_factory):
+    """Hand-made VQG_COCO files, bottom-up TSV features and a tiny transformers BERT."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from finetune.vqg_data import RegionFeatures, format_tsv_line
+    from shards.tokenizer import resolve_bert_dir
+
+    d = tmp_path_factory.mktemp("vqg")
+    bert = d / "bert"
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                               max_position_embeddings=128)).save_pretrained(bert)
+    shutil.copy(resolve_bert_dir(None) / "vocab.txt", bert / "vocab.txt")
+    rng = np.random.default_rng(0)
+    colours = ["red", "blue", "green"]
+    with open(d / "feats.tsv", "w") as f:
+        for i in range(12):
+            f.write(format_tsv_line(str(i), RegionFeatures(100, 80, np.array([[0, 0, 50, 40], [10, 10, 90, 70]], np.float32),
+                                                           rng.normal(size=(2, 8)).astype(np.float32))))
+    annotations = [{"image_id": i, "id": i, "caption": f"a {colours[i % 3]} circle"} for i in range(12)]
+    (d / "captions.json").write_text(json.dumps({"images": [], "annotations": annotations}))
+    for split, ids in (("train", range(8)), ("test", range(8, 12))):
+        rows = [f"{i},images/{i}.jpg,what color is the circle?---is the circle {colours[i % 3]}?,3---3" for i in ids]
+        (d / f"coco_{split}_all.csv").write_text("image_id,image_url,questions,ratings\n" + "\n".join(rows) + "\n")
+    return d
+
+
+def run_vqg(d: Path, run: str, *overrides: str) -> None:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "finetune.vqg", f"data.train={d}/coco_train_all.csv", f"data.test={d}/coco_test_all.csv",
+           f"data.val={d}/coco_test_all.csv", f"data.captions=[{d}/captions.json]", f"data.features={d}/feats.tsv",
+           f"data.image_root={d}", "batch_size=4", "epochs=2", "optim.lr=1e-2", "meteor=false", "attention_views=1",
+           "decode.max_length=6", f"engine.run_dir={d}/{run}", "engine.progress=false", "engine.zero_stage=0",
+           "engine.precision=fp32", "engine.log_every=1", *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_step2_trains_only_the_projection(tiny_vqg):
+    from safetensors.torch import load_file
+
+    d = tiny_vqg
+    run_vqg(d, "step1", "step=step1", "inputs=caption", f"init={d}/bert")
+    run_vqg(d, "step2", "step=step2", "inputs=image", f"init={d}/step1/model", "train_only_projection=true")
+    step1 = load_file(str(d / "step1/model/model.safetensors"))
+    step2 = load_file(str(d / "step2/model/model.safetensors"))
+    w = {"vl_bert.embeddings.visual_linear.weight", "vl_bert.embeddings.visual_linear.bias"}
+    assert set(step1) == set(step2)
+    for key in step1:
+        if key not in w:
+            assert torch.equal(step1[key], step2[key]), key  # bit-identical: frozen
+    assert not torch.equal(step1["vl_bert.embeddings.visual_linear.weight"], step2["vl_bert.embeddings.visual_linear.weight"])
+    origin = json.loads((d / "step2/model/bert_gen.json").read_text())
+    assert origin["step"] == "step2" and origin["train_only_projection"] and str(d / "step1/model") in origin["theta_from"]
+    assert origin["trainable_parameters"] == 32 * (8 + 4) + 32
+    metrics = json.loads((d / "step2/metrics_test.json").read_text())
+    assert set(metrics["ptb" if shutil.which("java") else "nqg"]) >= {"Bleu_4", "CIDEr", "ROUGE_L"}
+    assert len(json.loads((d / "step2/xsim_test.json").read_text())["xsim"]) == 2  # one value per layer
+    assert list((d / "step2/attention").glob("*.png"))
+    # Step 3 takes Θ from step 1 and W from step 2; the record says so
+    run_vqg(d, "step3", "step=step3", "inputs=both", f"init={d}/step1/model", f"init_projection={d}/step2/model",
+            "epochs=0.5")
+    origin = json.loads((d / "step3/model/bert_gen.json").read_text())
+    assert origin["projection_from"] == str(d / "step2/model")
