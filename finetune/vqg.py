@@ -226,7 +226,8 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
         gen = BertGen(mcfg)
         loaded = load_hf_bert(gen.model, source)
         has_head = any(k.startswith("cls.predictions.") for k in loaded["loaded"])
-        record["theta_from"] = f"{source} (transformers BERT{'' if has_head else '; no MLM head in it: the head transform starts random'})"
+        note = "" if has_head else "; no MLM head in it: the head transform starts random"
+        record["theta_from"] = f"{source} (transformers BERT{note})"
     if cfg.init_projection:
         path = Path(cfg.init_projection)
         state = load_file(str(path / "model.safetensors"))
@@ -352,8 +353,9 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
     views = run_dir / "attention"
     views.mkdir(exist_ok=True)
     for i in range(min(cfg.attention_views, len(preds))):
-        ids = data.tokenizer(preds[i]["question"], add_special_tokens=False)["input_ids"][: cfg.data.max_question_tokens - 1]
-        attention_view(gen.cpu(), data, i, ids + [data.tokenizer.sep_token_id], views / f"{preds[i]['image_id']}.png")
+        ids = data.tokenizer(preds[i]["question"], add_special_tokens=False)["input_ids"]
+        ids = ids[: cfg.data.max_question_tokens - 1] + [data.tokenizer.sep_token_id]
+        attention_view(gen.cpu(), data, i, ids, views / f"{preds[i]['image_id']}.png")
     return metrics
 
 

@@ -55,7 +55,8 @@ def read_vqg_coco_csv(path: str | Path) -> list[VQGImage]:
             if not row or not "".join(row).strip():
                 continue
             if len(row) < 3:
-                raise VQGFormatError(f"{where}: expected 4 fields (image_id,image_url,questions,ratings), got {len(row)}")
+                raise VQGFormatError(f"{where}: expected 4 fields (image_id,image_url,questions,ratings), "
+                                     f"got {len(row)}")
             questions = [q.strip() for q in row[2].split("---") if q.strip()]
             if not row[0].strip() or not questions:
                 raise VQGFormatError(f"{where}: empty image_id or no questions")
@@ -121,7 +122,8 @@ def _b64_floats(field: str, rows: int, where: str, name: str) -> np.ndarray:
 def parse_tsv_line(line: str, where: str) -> tuple[str, RegionFeatures]:
     fields = line.rstrip("\r\n").split("\t")
     if len(fields) != len(TSV_FIELDS):
-        raise VQGFormatError(f"{where}: expected {len(TSV_FIELDS)} tab-separated fields {TSV_FIELDS}, got {len(fields)}")
+        raise VQGFormatError(f"{where}: expected {len(TSV_FIELDS)} tab-separated fields {TSV_FIELDS}, "
+                             f"got {len(fields)}")
     try:
         w, h, n = int(float(fields[1])), int(float(fields[2])), int(fields[3])
     except ValueError as e:

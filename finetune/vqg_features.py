@@ -84,7 +84,8 @@ def extract(detector, entries: list[tuple[str, np.ndarray]], image_root: Path, o
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Region features from our Fast R-CNN as bottom-up-attention TSV.",
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image-root", required=True)
     p.add_argument("--boxes", required=True, help="box file (JSON lines with image, boxes)")
     p.add_argument("--out", required=True)

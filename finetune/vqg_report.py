@@ -62,7 +62,8 @@ def markdown(found: dict[str, dict], random_curve: list[float] | None) -> str:
                   "|---|" + "---|" * len(METRICS)]
         for step, e in found.items():
             m = e["metrics"][tok]
-            lines.append(f"| {LABELS[step]} | " + " | ".join(f"{100 * m[k]:.2f}" if k in m else "-" for k in METRICS) + " |")
+            cells = " | ".join(f"{100 * m[k]:.2f}" if k in m else "-" for k in METRICS)
+            lines.append(f"| {LABELS[step]} | {cells} |")
         lines.append("")
     curves = {LABELS[s]: e["xsim"]["xsim"] for s, e in found.items() if "xsim" in e}
     if curves:

@@ -161,7 +161,8 @@ class BertGen(nn.Module):
             q_kind = torch.full((bsz, 1), PSEUDO_MASK, device=dev)
             q_time = torch.full((bsz, 1), t, device=dev)
         else:
-            x = torch.cat([self.embed_target(last.unsqueeze(1), pos_mask - 1), self.embed_target(mask_tok, pos_mask)], 1)
+            x = torch.cat([self.embed_target(last.unsqueeze(1), pos_mask - 1),
+                           self.embed_target(mask_tok, pos_mask)], 1)
             q_kind = torch.tensor([TARGET, PSEUDO_MASK], device=dev).expand(bsz, 2)
             q_time = torch.tensor([t - 1, t], device=dev).expand(bsz, 2)
         ones = torch.ones_like(q_kind, dtype=torch.bool)

@@ -186,6 +186,11 @@ def write_vqg(raw: Path, seed: int, n_train: int = 1600, n_val: int = 200) -> Pa
     return out
 
 
+def _write_vqg_split(raw: Path, seed: int, n_images: int, n_val: int) -> Path:
+    pool = n_images - n_val  # the held-out val images are VQG's test split; train/val share the rest 4:1
+    return write_vqg(raw, seed, n_train=min(1600, pool * 4 // 5), n_val=min(200, pool // 5))
+
+
 def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: int = 200, seed: int = 0,
                n_books: int = 24, n_articles: int = 200, tokenizer: str | None = None,
                force: bool = False, progress: bool = True) -> Path:
@@ -197,12 +202,12 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
         if not (raw / "flickr30k_entities" / "val.txt").exists():  # corpora built before it existed
             write_flickr30k_entities(raw, seed)
         if not (raw / "vqg" / "coco_test_all.csv").exists():
-            write_vqg(raw, seed, n_train=min(1600, (n_images - n_val) * 4 // 5), n_val=min(200, (n_images - n_val) // 5))
+            _write_vqg_split(raw, seed, n_images, n_val)
         print(f"demo corpus already built under {out} (pass --force to rebuild)", file=sys.stderr)
         return out
     write_raw(out, n_images, n_val, seed, n_books, n_articles)
     write_flickr30k_entities(raw, seed)
-    write_vqg(raw, seed, n_train=min(1600, (n_images - n_val) * 4 // 5), n_val=min(200, (n_images - n_val) // 5))
+    _write_vqg_split(raw, seed, n_images, n_val)
     class_names = json.loads((raw / "class_names.json").read_text())
     meta = {"class_names": class_names, "num_classes": len(class_names)}
     for split in ("train", "val"):
