@@ -199,3 +199,16 @@ def test_step2_trains_only_the_projection(tiny_vqg):
             "epochs=0.5")
     origin = json.loads((d / "step3/model/bert_gen.json").read_text())
     assert origin["projection_from"] == str(d / "step2/model")
+
+
+def test_launcher_refuses_unknown_steps_and_missing_inputs(tmp_path):
+    script = ROOT / "launch" / "finetune_vqg.sh"
+    out = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "step2_unfreeze" in out.stdout
+    out = subprocess.run(["bash", str(script), "step4"], capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown step 'step4'" in out.stderr
+    config = tmp_path / "c.yaml"
+    config.write_text("init: packaged\n")
+    env = {**os.environ, "CONFIG": str(config), "RUNS": str(tmp_path / "runs"), "NUM_GPUS": "0"}
+    out = subprocess.run(["bash", str(script), "step3"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "step3 needs step1 first" in out.stderr

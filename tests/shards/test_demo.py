@@ -70,3 +70,27 @@ def test_prose_is_long_and_complex():
     paragraph = sw.prose_paragraph(rng)
     sentences = re.split(r"(?<=\.)\s+", paragraph)
     assert len(sentences) >= 3 and sum(len(s.split()) for s in sentences) / len(sentences) > 15
+
+
+def test_demo_vqg_data_in_vqg_coco_format_and_answerable(demo_corpus):
+    from finetune.vqg_data import read_coco_captions, read_vqg_coco_csv
+
+    raw = demo_corpus / "raw"
+    scenes = {str(int(json.loads(line)["image"][7:13])): json.loads(line) for line in open(raw / "scenes.jsonl")}
+    splits = {s: read_vqg_coco_csv(raw / "vqg" / f"coco_{s}_all.csv") for s in ("train", "val", "test")}
+    assert len(splits["test"]) == 8  # the held-out val images
+    ids = [im.image_id for s in splits.values() for im in s]
+    assert len(ids) == len(set(ids))
+    captions = read_coco_captions([raw / "vqg" / "captions_train2014.json", raw / "vqg" / "captions_val2014.json"])
+    for split, images in splits.items():
+        for im in images:
+            scene = scenes[im.image_id]
+            assert captions[im.image_id][0] == scene["caption"] and len(captions[im.image_id]) == 5
+            assert 1 <= len(im.questions) <= 5 and all(q.endswith("?") for q in im.questions)
+            visible = [o for o in scene["objects"] if not o["covered"]]
+            for q in im.questions:
+                m = re.fullmatch(r"what color is the (\w+)\?", q)
+                if m:  # asked only when exactly one visible object has that shape
+                    assert sum(o["category"] == m.group(1) for o in visible) == 1
+                if q == "what is under the cloth?":
+                    assert any(o["covered"] for o in scene["objects"])
