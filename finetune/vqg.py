@@ -343,7 +343,9 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
     (run_dir / f"predictions_{split}.json").write_text(json.dumps(preds, indent=1))
     refs = data.references()
     hyp = {p["image_id"]: p["question"] for p in preds}
-    metrics = {"step": cfg.step, "split": split, "images": len(preds), "decode": asdict(cfg.decode)}
+    metrics = {"step": cfg.step, "split": split, "images": len(preds), "decode": asdict(cfg.decode),
+               # beam search on a small model collapses onto a few safe questions: worth seeing next to BLEU
+               "distinct_questions": len({p["question"] for p in preds})}
     for tok in ("ptb", "nqg"):
         metrics[tok] = question_metrics(hyp, refs, tok, meteor=cfg.meteor)
     (run_dir / f"metrics_{split}.json").write_text(json.dumps(metrics, indent=1))

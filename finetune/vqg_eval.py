@@ -116,7 +116,7 @@ def plot_attention(image, boxes: np.ndarray, region_weights: np.ndarray, words: 
         a = w / top
         ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, facecolor=(1, 0.2, 0, 0.55 * a),
                                edgecolor=(1, 0.2, 0, 0.3 + 0.7 * a), lw=1.5))
-        ax.text(x1 + 2, y1 + 2, f"{w:.2f}", fontsize=7, va="top", color="black")
+        ax.text(x1 + 2, y1 + 2, f"{w:.3f}", fontsize=7, va="top", color="black")
     ax.set_title(f"generated: {question}", fontsize=10)
     tx = fig.add_axes([0.02, 0.02, 0.96, 0.13])
     tx.axis("off")
