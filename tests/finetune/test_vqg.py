@@ -212,3 +212,23 @@ def test_launcher_refuses_unknown_steps_and_missing_inputs(tmp_path):
     env = {**os.environ, "CONFIG": str(config), "RUNS": str(tmp_path / "runs"), "NUM_GPUS": "0"}
     out = subprocess.run(["bash", str(script), "step3"], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "step3 needs step1 first" in out.stderr
+
+
+def test_bert_gen_starts_from_a_vl_bert_export(tmp_path):
+    """A VL-BERT pretrained here starts BERT-gen: its BERT (embeddings, layers, MLM head) carries over;
+    its visual layers do not (BERT-gen has its own W)."""
+    from finetune.vqg import VQGConfig, build_model
+    from model.config import model_config
+    from model.export import save_pretrained
+    from model.vl_bert import VLBertForPretraining
+
+    torch.manual_seed(0)
+    vl = VLBertForPretraining(model_config("tiny"), with_fast_rcnn=False)
+    save_pretrained(vl.state_dict(), vl.cfg, tmp_path / "export")
+    gen, record = build_model(VQGConfig(init=str(tmp_path / "export")), feature_size=24)
+    own = gen.model.state_dict()
+    for key in ("vl_bert.encoder.layer.1.output.dense.weight", "vl_bert.embeddings.word_embeddings.weight",
+                "mlm_head.transform.dense.weight", "vl_bert.embeddings.token_type_embeddings.weight"):
+        assert torch.equal(own[key], vl.state_dict()[key]), key
+    assert gen.cfg.visual_embedding == "linear" and record["projection_from"] == "random init"
+    assert str(tmp_path / "export") in record["theta_from"]

@@ -82,7 +82,7 @@ def test_demo_vqg_data_in_vqg_coco_format_and_answerable(demo_corpus):
     ids = [im.image_id for s in splits.values() for im in s]
     assert len(ids) == len(set(ids))
     captions = read_coco_captions([raw / "vqg" / "captions_train2014.json", raw / "vqg" / "captions_val2014.json"])
-    for split, images in splits.items():
+    for images in splits.values():
         for im in images:
             scene = scenes[im.image_id]
             assert captions[im.image_id][0] == scene["caption"] and len(captions[im.image_id]) == 5
