@@ -363,18 +363,6 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
 
 # --- main ---------------------------------------------------------------------------------------------------
 
-def _init_single_process() -> None:
-    """Without a launcher, a world of one (the engine runs on DeepSpeed either way)."""
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="BERT-gen visual question generation (one step of the protocol)",
                                 epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -387,15 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(VQGConfig, args.config, args.overrides)
     if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
         raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both (got {cfg.step}, {cfg.inputs})")
-    _init_single_process()
-    import deepspeed
+    from pretrain.engine import Engine, init_distributed
 
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(args.local_rank)
+    rank, world = init_distributed(args.local_rank)
     torch.manual_seed(cfg.seed)
-    from pretrain.engine import Engine
     from shards.tokenizer import load_tokenizer, resolve_bert_dir
 
     run_dir = Path(cfg.engine.run_dir)

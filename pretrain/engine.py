@@ -58,6 +58,26 @@ class EngineConfig:
     eval_every: int = 0  # run the evaluator (e.g. the cross-modal diagnostic) every N steps; 0 = never
 
 
+def init_distributed(local_rank: int) -> tuple[int, int]:
+    """Join the job's process group (NCCL on GPUs, gloo on CPU) and pick this rank's GPU; without a
+    launcher, a world of one (the engine runs on DeepSpeed either way). Returns (rank, world size)."""
+    import deepspeed
+
+    if "RANK" not in os.environ:
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        if "MASTER_PORT" not in os.environ:
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    return dist.get_rank(), dist.get_world_size()
+
+
 def _is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 

@@ -98,12 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cfg = load_config(PretrainConfig, args.config, args.overrides)
 
-    import deepspeed
+    from .engine import init_distributed
 
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(args.local_rank)
-    rank = torch.distributed.get_rank()
+    rank, _ = init_distributed(args.local_rank)
     torch.manual_seed(cfg.engine.seed + rank)
 
     from model.hf_import import load_hf_bert
