@@ -48,31 +48,26 @@ def extract(detector, entries: list[tuple[str, np.ndarray]], image_root: Path, o
     """entries: (image path relative to image_root, pixel boxes [N, 4]) -> TSV lines; returns images written."""
     from PIL import Image
 
-    from shards.reader import load_resized
+    from shards.reader import collate_captions, load_resized
 
     detector.eval()
     written = 0
+    no_words = torch.zeros(0, dtype=torch.long)
     with open(out, "w") as f:
         for start in tqdm(range(0, len(entries), batch_size), desc="region features", unit="batch",
                           disable=not progress):
             chunk = entries[start: start + batch_size]
-            images, sizes, boxes, originals = [], [], [], []
+            samples, originals = [], []
             for rel, bx in chunk:
                 with Image.open(image_root / rel) as pil:
                     originals.append(pil.size)
                     img, scale = load_resized(pil, short_side, long_side)
-                images.append(img)
-                sizes.append(img.shape[1:])
-                boxes.append(torch.from_numpy(bx).float() * scale)
-            h, w = max(s[0] for s in sizes), max(s[1] for s in sizes)
-            n = max(len(b) for b in boxes)
-            batch = torch.zeros(len(chunk), 3, h, w, dtype=torch.uint8)
-            pb = torch.zeros(len(chunk), n, 4)
-            mask = torch.zeros(len(chunk), n, dtype=torch.bool)
-            for i, (img, b) in enumerate(zip(images, boxes)):
-                batch[i, :, : img.shape[1], : img.shape[2]] = img
-                pb[i, : len(b)], mask[i, : len(b)] = b, True
-            out_ = detector(batch, torch.tensor([list(s) for s in sizes]), pb, mask)
+                n = len(bx)  # the pretraining collator pads images and boxes; classes are not needed here
+                samples.append({"key": rel, "image": img, "boxes": torch.from_numpy(bx).float() * scale,
+                                "classes": torch.zeros(n, dtype=torch.long), "scores": torch.ones(n),
+                                "class_probs": None, "input_ids": no_words})
+            b = collate_captions(samples)
+            out_ = detector(b["images"], b["image_sizes"], b["boxes"], b["box_mask"])
             feats = out_["appearance"][:, 1:].float().numpy()  # regions only: no whole-image element
             for i, (rel, bx) in enumerate(chunk):
                 ow, oh = originals[i]

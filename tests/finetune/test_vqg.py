@@ -232,3 +232,30 @@ def test_bert_gen_starts_from_a_vl_bert_export(tmp_path):
         assert torch.equal(own[key], vl.state_dict()[key]), key
     assert gen.cfg.visual_embedding == "linear" and record["projection_from"] == "random init"
     assert str(tmp_path / "export") in record["theta_from"]
+
+
+def test_our_detector_features_as_bottom_up_tsv(tmp_path):
+    """Features written by our Fast R-CNN pass read back by image id, in original pixels, equal to the
+    detector run on the image alone (same sizes, multiples of 32, not resized: the batch has no padding)."""
+    from PIL import Image
+
+    from finetune.vqg_features import build_detector, extract
+
+    rng = np.random.default_rng(0)
+    entries = []
+    for name, (h, w) in (("COCO_val2014_000000000042.jpg", (64, 96)), ("img_7.png", (64, 96))):
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(tmp_path / name)
+        entries.append((name, np.array([[2, 3, 40, 50], [10, 10, 60, 60]], np.float32)))
+    detector, _ = build_detector(None, "resnet18", None, seed=0)
+    extract(detector, entries, tmp_path, tmp_path / "f.tsv", short_side=0, long_side=0, batch_size=2,
+            progress=False)
+    store = TsvFeatures(tmp_path / "f.tsv")
+    assert sorted(store.index) == ["42", "7"]
+    r = store["7"]
+    assert (r.width, r.height) == (96, 64) and r.features.shape == (2, 512)
+    np.testing.assert_array_equal(r.boxes, entries[1][1])
+    image = torch.from_numpy(np.array(Image.open(tmp_path / "img_7.png"))).permute(2, 0, 1)[None]
+    with torch.no_grad():
+        alone = detector.eval()(image, torch.tensor([[64, 96]]), torch.from_numpy(entries[1][1])[None],
+                                torch.ones(1, 2, dtype=torch.bool))["appearance"][0, 1:]
+    np.testing.assert_allclose(r.features, alone.numpy(), rtol=1e-4, atol=1e-5)
