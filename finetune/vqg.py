@@ -354,10 +354,11 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
         (run_dir / f"xsim_{split}.json").write_text(json.dumps({"step": cfg.step, "split": split, "xsim": curve}))
     views = run_dir / "attention"
     views.mkdir(exist_ok=True)
+    gen = gen.cpu()  # a few single-image passes; their inputs are built on the host
     for i in range(min(cfg.attention_views, len(preds))):
         ids = data.tokenizer(preds[i]["question"], add_special_tokens=False)["input_ids"]
         ids = ids[: cfg.data.max_question_tokens - 1] + [data.tokenizer.sep_token_id]
-        attention_view(gen.cpu(), data, i, ids, views / f"{preds[i]['image_id']}.png")
+        attention_view(gen, data, i, ids, views / f"{preds[i]['image_id']}.png")
     return metrics
 
 
@@ -382,9 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     from shards.tokenizer import load_tokenizer, resolve_bert_dir
 
     run_dir = Path(cfg.engine.run_dir)
-    features = open_features(cfg.data.features) if cfg.inputs != "caption" or not args.eval_only else None
-    if features is None and Path(cfg.data.features).exists():
+    try:
         features = open_features(cfg.data.features)
+    except FileNotFoundError:
+        if cfg.inputs != "caption":
+            raise
+        features = None  # caption only: no Xsim, and W sized for 2048-d features
     feature_size = features[next(iter(features.index))].features.shape[1] if features is not None else 2048
     tok_dir = cfg.data.tokenizer
     if tok_dir is None and cfg.init not in ("random", "packaged") and (Path(cfg.init) / "vocab.txt").exists():

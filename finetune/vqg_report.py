@@ -16,7 +16,7 @@ import torch
 
 from model.config import load_config
 
-from .vqg import STEPS, VQGConfig, VQGSet, load_bert_gen, xsim
+from .vqg import STEPS, VQGConfig, VQGSet, xsim
 from .vqg_data import open_features, read_coco_captions
 from .vqg_eval import METRICS, plot_xsim
 
@@ -42,11 +42,11 @@ def collect(runs: Path, split: str) -> dict[str, dict]:
 def random_transformer_xsim(model_dir: Path, cfg: VQGConfig, seed: int = 0) -> list[float]:
     """Xsim of the same architecture with every weight at its random initialisation."""
     from model.bert_gen import BertGen
+    from model.export import load_config_dir
     from shards.tokenizer import load_tokenizer
 
-    template = load_bert_gen(model_dir)
     torch.manual_seed(seed)
-    gen = BertGen(template.cfg)
+    gen = BertGen(load_config_dir(model_dir))  # the architecture only: no weights read
     tokenizer = load_tokenizer(str(model_dir))
     split = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
     data = VQGSet(split, cfg.data, tokenizer, read_coco_captions(cfg.data.captions), open_features(cfg.data.features),
