@@ -21,7 +21,7 @@ import resource
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,11 @@ class OptimConfig:
     weight_decay: float = 1e-4  # not applied to biases and LayerNorm gains
     warmup_steps: int = 8000  # linear warm-up from 0, then linear decay to 0 at engine.steps
     grad_clip: float = 1.0  # global gradient-norm clipping; 0 = off
+    optimizer: str = "adamw"  # adamw | sgd (VL-BERT's VCR finetuning: SGD with momentum)
+    momentum: float = 0.9  # sgd only
+    schedule: str = "linear"  # linear: decay to 0 at engine.steps | step: x decay_factor at each of decay_steps
+    decay_steps: list = field(default_factory=list)
+    decay_factor: float = 0.1
 
 
 @dataclass
@@ -53,6 +58,7 @@ class EngineConfig:
     deepspeed_config: str | None = None  # a DeepSpeed JSON whose keys override the generated ones
     seed: int = 0
     progress: bool = True  # console progress bar on rank 0
+    progress_label: str = "train"
     export: bool = True  # consolidated fp32 weights to <run_dir>/export at the end
     record_keys: bool = False  # append every sample key each rank trains on to <run_dir>/keys_rank<R>.txt
     eval_every: int = 0  # run the evaluator (e.g. the cross-modal diagnostic) every N steps; 0 = never
@@ -97,6 +103,32 @@ def linear_warmup_decay(warmup: int, total: int):
             return step / max(1, warmup)
         return max(0.0, (total - step) / max(1, total - warmup))
     return factor
+
+
+def warmup_step_decay(warmup: int, milestones: list[int], gamma: float):
+    def factor(step: int) -> float:
+        scale = gamma ** sum(step >= m for m in milestones)
+        return scale * min(1.0, step / max(1, warmup))
+    return factor
+
+
+def build_optimizer(module: torch.nn.Module, optim: OptimConfig, total_steps: int):
+    """The optimizer and the LR factor per step, from the config (AdamW, fused on CUDA; or SGD)."""
+    groups = param_groups(module, optim.weight_decay)
+    if optim.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                                      fused=torch.cuda.is_available() or None)
+    elif optim.optimizer == "sgd":
+        optimizer = torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum)
+    else:
+        raise ValueError(f"optim.optimizer: '{optim.optimizer}' is not adamw or sgd")
+    if optim.schedule == "linear":
+        factor = linear_warmup_decay(optim.warmup_steps, total_steps)
+    elif optim.schedule == "step":
+        factor = warmup_step_decay(optim.warmup_steps, [int(m) for m in optim.decay_steps], optim.decay_factor)
+    else:
+        raise ValueError(f"optim.schedule: '{optim.schedule}' is not linear or step")
+    return optimizer, factor
 
 
 def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: int) -> dict:
@@ -169,9 +201,7 @@ class Engine:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        optimizer = torch.optim.AdamW(param_groups(module, optim.weight_decay), lr=optim.lr, betas=tuple(optim.betas),
-                                      eps=optim.eps, fused=torch.cuda.is_available() or None)
-        factor = linear_warmup_decay(optim.warmup_steps, cfg.steps)
+        optimizer, factor = build_optimizer(module, optim, cfg.steps)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=module, optimizer=optimizer, config=deepspeed_config(cfg, optim, micro_batch_size),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
@@ -290,7 +320,7 @@ class Engine:
         if _is_rank0() and cfg.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=cfg.steps, initial=self.step, desc="pretrain", unit="step", dynamic_ncols=True)
+            bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.progress_label, unit="step", dynamic_ncols=True)
         batches = iter(self.loader)
         if self._pending_rng is not None:
             _set_rng_state(self._pending_rng)

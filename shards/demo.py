@@ -15,6 +15,8 @@ Raw layout under `<out>/raw/`:
                                         cross-modal ablation diagnostic (`python -m pretrain.ablation`)
   vqg/                                  visual question generation data in VQG_COCO's format (csv per
                                         split + COCO captions JSON), for `launch/finetune_vqg.sh`
+  vqa/, vcr/, refcoco+/                 finetuning data in VQA v2's, VCR's and the refer toolkit's formats
+                                        (see shards/demo_tasks.py), for `launch/finetune_<task>.sh`
 Shards under `<out>/shards/{captions-train,captions-val,text}/` with a manifest each.
 """
 
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from . import demo_tasks
 from . import shapes_world as sw
 from .caption_inputs import iter_tsv, load_box_file
 from .skips import SkipLog
@@ -203,11 +206,14 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
             write_flickr30k_entities(raw, seed)
         if not (raw / "vqg" / "coco_test_all.csv").exists():
             _write_vqg_split(raw, seed, n_images, n_val)
+        if not (raw / "refcoco+" / "instances.json").exists():
+            demo_tasks.write_all(raw, seed)
         print(f"demo corpus already built under {out} (pass --force to rebuild)", file=sys.stderr)
         return out
     write_raw(out, n_images, n_val, seed, n_books, n_articles)
     write_flickr30k_entities(raw, seed)
     _write_vqg_split(raw, seed, n_images, n_val)
+    demo_tasks.write_all(raw, seed)
     class_names = json.loads((raw / "class_names.json").read_text())
     meta = {"class_names": class_names, "num_classes": len(class_names)}
     for split in ("train", "val"):

@@ -191,13 +191,22 @@ def pad_ids(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, to
     return ids, mask
 
 
+def pad_images(images: list[torch.Tensor], size_divisibility: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [3, h, w] images -> [B, 3, H, W] (top-left aligned, zero padded to a multiple of the
+    divisibility) and their sizes [B, 2] (h, w)."""
+    div = max(1, size_divisibility)
+    hmax = math.ceil(max(im.shape[1] for im in images) / div) * div
+    wmax = math.ceil(max(im.shape[2] for im in images) / div) * div
+    out = torch.zeros((len(images), 3, hmax, wmax), dtype=torch.uint8)
+    for i, im in enumerate(images):
+        out[i, :, : im.shape[1], : im.shape[2]] = im
+    return out, torch.tensor([list(im.shape[1:]) for im in images])
+
+
 def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
     """Pads images (uint8, top-left aligned), boxes and words into batch tensors with masks."""
     b = len(samples)
-    div = max(1, size_divisibility)
-    hmax = math.ceil(max(s["image"].shape[1] for s in samples) / div) * div
-    wmax = math.ceil(max(s["image"].shape[2] for s in samples) / div) * div
-    images = torch.zeros((b, 3, hmax, wmax), dtype=torch.uint8)  # [B, 3, H, W]
+    images, image_sizes = pad_images([s["image"] for s in samples], size_divisibility)
     n = max(len(s["boxes"]) for s in samples)
     boxes = torch.zeros((b, n, 4))  # [B, N, 4] pixels of the resized image
     box_mask = torch.zeros((b, n), dtype=torch.bool)
@@ -206,15 +215,13 @@ def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
     with_probs = all(s["class_probs"] is not None for s in samples)
     probs = torch.zeros((b, n, samples[0]["class_probs"].shape[1]), dtype=torch.float16) if with_probs else None
     for i, s in enumerate(samples):
-        _, h, w = s["image"].shape
-        images[i, :, :h, :w] = s["image"]
         k = len(s["boxes"])
         boxes[i, :k], box_mask[i, :k], classes[i, :k], scores[i, :k] = s["boxes"], True, s["classes"], s["scores"]
         if with_probs:
             probs[i, :k] = s["class_probs"]
     ids, mask = pad_ids([s["input_ids"] for s in samples])
     return {"keys": [s["key"] for s in samples], "images": images,
-            "image_sizes": torch.tensor([list(s["image"].shape[1:]) for s in samples]),  # [B, 2] (h, w)
+            "image_sizes": image_sizes,  # [B, 2] (h, w)
             "boxes": boxes, "box_mask": box_mask, "box_classes": classes, "box_scores": scores,
             "class_probs": probs, "input_ids": ids, "attention_mask": mask}
 

@@ -1,0 +1,350 @@
+"""What the VQA, VCR and RefCOCO+ finetune scripts share: the pretrained model they start from, images
+and boxes into batches, a resumable epoch loader, the text + regions input of VL-BERT (section 3.2,
+Figure 2), saving and loading a finetuned model, and one `main` on the shared engine.
+
+A finetuned model directory (`<run_dir>/model`) holds `model.safetensors` (the task module: VL-BERT
+and its head), `config.yaml` (the VLBertConfig), `task.json` (which task, its head's vocabulary, its
+input settings) and the tokenizer, so `finetune.infer` can answer with it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
+from pretrain.engine import EngineConfig, OptimConfig
+
+
+@dataclass
+class BackboneConfig:
+    # a VL-BERT export (`<pretrain run>/export`), or a transformers BERT directory / "packaged"
+    # (all-MiniLM-L6-v2), whose vision part is then built from model_preset + model (detector random
+    # unless model.fast_rcnn.weights names a local ResNet file)
+    init: str = "runs/demo/export"
+    model_preset: str = "base"
+    model: dict = field(default_factory=dict)  # VLBertConfig updates (e.g. {hidden_dropout_prob: 0.2})
+    tokenizer: str | None = None  # None: the init's own vocab.txt, else the packaged one
+
+
+@dataclass
+class ImageConfig:
+    root: str = "data/demo/raw"  # image paths of the dataset are relative to this
+    short_side: int = 600  # VL-BERT resizes to 600 / 1000
+    long_side: int = 1000
+    max_regions: int = 100
+    box_tolerance: float = 2.0  # pixels a box may stick out of its image (then clipped); beyond: an error
+
+
+@dataclass
+class FinetuneConfig:
+    """Settings every task has; each task's config adds `data` and its head's options."""
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    image: ImageConfig = field(default_factory=ImageConfig)
+    batch_size: int = 256  # global, as in the paper (A.2)
+    epochs: float = 20.0
+    warmup_fraction: float = -1.0  # >= 0: warm-up as a fraction of all steps; < 0: optim.warmup_steps as given
+    decay_epochs: list = field(default_factory=list)  # optim.schedule=step: decay at these epochs
+    num_workers: int = 0  # loader processes decoding images
+    seed: int = 0
+    eval_split: str = "val"
+    eval_batch_size: int = 32
+    max_eval_examples: int = 0  # 0 = all
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=2000))
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(run_dir="runs/finetune", zero_stage=0,
+                                                                       checkpoint_every=2000, log_every=10,
+                                                                       image_every=0))
+
+
+# --- the pretrained model ------------------------------------------------------------------------------
+
+def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, str]:
+    """The model to finetune (with its pretraining heads, whose transforms the task heads start from),
+    its tokenizer directory, and a line saying where it came from."""
+    from model.config import VLBertConfig, _deep_merge, from_dict, model_config
+    from model.export import load_config_dir
+    from model.hf_import import config_from_hf, load_hf_bert
+    from pretrain.run import _bert_dir
+    from shards.tokenizer import resolve_bert_dir
+
+    path = Path(cfg.init) if cfg.init not in ("packaged", "random") else None
+    if path is not None and (path / "config.yaml").exists():
+        from safetensors.torch import load_file
+
+        from model.export import TIED
+
+        mcfg = from_dict(VLBertConfig, _deep_merge(asdict(load_config_dir(path)), cfg.model), str(path / "config.yaml"))
+        model = VLBertForPretraining(mcfg)
+        missing, unexpected = model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        missing = [k for k in missing if k != TIED]
+        if missing or unexpected:
+            raise ValueError(f"{path}/model.safetensors does not match its config.yaml: missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}")
+        source = f"VL-BERT export {path}"
+    elif cfg.init == "random":
+        model, source = VLBertForPretraining(model_config(cfg.model_preset, updates=cfg.model)), "random init"
+    else:
+        if path is not None and not path.exists():
+            raise FileNotFoundError(f"backbone.init: {path} does not exist (a VL-BERT export or a BERT directory; "
+                                    "run launch/pretrain.sh first, or pass backbone.init=packaged)")
+        bert = _bert_dir(cfg.init)
+        model = VLBertForPretraining(config_from_hf(bert, cfg.model_preset, updates=cfg.model))
+        load_hf_bert(model, bert)
+        source = f"transformers BERT {bert} (vision layers new)"
+    tok = cfg.tokenizer
+    if tok is None and path is not None and (path / "vocab.txt").exists():
+        tok = str(path)
+    if tok is None and cfg.init == "packaged":
+        tok = str(_bert_dir("packaged"))
+    return model, str(resolve_bert_dir(tok)), source
+
+
+def copy_transform(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    dst.load_state_dict(src.state_dict())
+
+
+# --- images and boxes ------------------------------------------------------------------------------------
+
+def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The image resized by VL-BERT's rule and its [N, 4] pixel boxes (x1, y1, x2, y2, original image)
+    mapped onto it. A box outside the image by more than cfg.box_tolerance is an error naming `where`."""
+    from PIL import Image
+
+    from shards.reader import load_resized
+
+    try:
+        pil = Image.open(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{where}: image {path} not found (image root: {cfg.root})") from None
+    w, h = pil.size
+    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    tol = cfg.box_tolerance
+    bad = (b[:, 0] < -tol) | (b[:, 1] < -tol) | (b[:, 2] > w + tol) | (b[:, 3] > h + tol) | \
+          (b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1])
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: box {k} {b[k].tolist()} lies outside the {w}x{h} image {path} or is empty")
+    b = np.clip(b, 0, [w, h, w, h])
+    image, scale = load_resized(pil, cfg.short_side, cfg.long_side)
+    return image, torch.from_numpy(b) * scale
+
+
+def collate_visual(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """(image, boxes) pairs -> images [B, 3, H, W] uint8, image_sizes [B, 2], boxes [B, N, 4], box_mask."""
+    from shards.reader import pad_images
+
+    images, sizes = pad_images([im for im, _ in items])
+    n = max(1, max(len(b) for _, b in items))
+    boxes = torch.zeros(len(items), n, 4)
+    mask = torch.zeros(len(items), n, dtype=torch.bool)
+    for i, (_, b) in enumerate(items):
+        boxes[i, : len(b)], mask[i, : len(b)] = b, True
+    return {"images": images, "image_sizes": sizes, "boxes": boxes, "box_mask": mask}
+
+
+def pad_lists(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    from shards.reader import pad_ids
+
+    ids, mask = pad_ids([torch.tensor(s, dtype=torch.long) for s in seqs], pad)
+    return ids, mask
+
+
+# --- the input sequence -----------------------------------------------------------------------------------
+
+def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=None):
+    """`[CLS] A [SEP] (B [SEP]) [IMG]... [END]` from a batch with a_ids/a_mask (b_ids/b_mask), optional
+    a_region/b_region (the region each word-piece takes its visual feature from, -1 = whole image) and
+    images/image_sizes/boxes/box_mask. visual_input: precomputed (appearance, boxes) of `region_features`,
+    e.g. one detector pass shared by several candidate answers."""
+    cfg = vl_bert.cfg
+    b_ids, b_mask = batch.get("b_ids"), batch.get("b_mask")
+    ids, types, mask = assemble_text(batch["a_ids"], batch["a_mask"], b_ids, b_mask, cls_id=cfg.cls_token_id,
+                                     sep_id=cfg.sep_token_id, pad_id=cfg.pad_token_id)
+    word_region = None
+    if "a_region" in batch:  # shifted by 2 so that [CLS]/[SEP]/padding (id 1) come out as -1
+        b_region = batch["b_region"] + 2 if b_ids is not None else None
+        shifted, _, _ = assemble_text(batch["a_region"] + 2, batch["a_mask"], b_region, b_mask, cls_id=1, sep_id=1,
+                                      pad_id=1)
+        word_region = shifted - 2
+    return vl_bert(ids, mask, types, images=batch.get("images"), image_sizes=batch.get("image_sizes"),
+                   boxes=batch["boxes"], box_mask=batch["box_mask"], masked_regions=masked_regions,
+                   word_region_index=word_region, visual_input=visual_input)
+
+
+# --- the loader ---------------------------------------------------------------------------------------------
+
+class _Batches(torch.utils.data.Dataset):
+    def __init__(self, data, batches: list[list[int]]):
+        self.data, self.batches = data, batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, k):
+        return self.data.batch(self.batches[k])
+
+
+class EpochLoader:
+    """Epochs over a dataset with `__len__` and `batch(indices) -> dict`: a seeded permutation per epoch,
+    split across ranks, with a resumable position (the engine checkpoints `state_dict()`). With workers,
+    batches are built (images decoded) in background processes, in the same order."""
+
+    def __init__(self, data, micro_batch: int, seed: int, rank: int = 0, world: int = 1, num_workers: int = 0):
+        self.data, self.micro, self.seed, self.rank, self.world = data, micro_batch, seed, rank, world
+        self.num_workers = num_workers
+        self.epoch, self.position = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return max(1, len(self.data) // self.world // self.micro)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def _order(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(len(self.data), generator=g)[self.rank:: self.world].tolist()
+
+    def __iter__(self):
+        from shards.reader import _ignore_stop_signals
+
+        while True:
+            order = self._order()
+            batches = [order[k * self.micro: (k + 1) * self.micro] for k in range(self.position, self.batches_per_epoch)]
+            if self.num_workers > 0:
+                source = torch.utils.data.DataLoader(_Batches(self.data, batches), batch_size=None,
+                                                     num_workers=self.num_workers, worker_init_fn=_ignore_stop_signals)
+            else:
+                source = (self.data.batch(b) for b in batches)
+            for batch in source:
+                self.position += 1
+                yield batch
+            self.epoch, self.position = self.epoch + 1, 0
+
+
+def eval_batches(data, batch_size: int, limit: int = 0, desc: str = "evaluate"):
+    from tqdm import tqdm
+
+    n = len(data) if not limit else min(limit, len(data))
+    for start in tqdm(range(0, n, batch_size), desc=desc, unit="batch"):
+        idx = list(range(start, min(n, start + batch_size)))
+        yield idx, data.batch(idx)
+
+
+# --- finetuned model directories ---------------------------------------------------------------------------
+
+def save_task_model(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path, tokenizer_dir: str,
+                    task: dict) -> Path:
+    from safetensors.torch import save_file
+
+    from model.export import save_pretrained
+
+    save_pretrained({}, module.vl_bert.cfg, path, tokenizer_dir)  # config.yaml and the tokenizer
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in state.items()}, str(path / "model.safetensors"))
+    (path / "task.json").write_text(json.dumps(task, indent=1))
+    return path
+
+
+def load_task_model(path: str | Path, build):
+    """`build(model_cfg, task_info) -> module`; the weights must match it exactly."""
+    from safetensors.torch import load_file
+
+    from model.export import load_config_dir
+
+    path = Path(path)
+    try:
+        task = json.loads((path / "task.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no task.json (not a finetuned model directory)") from None
+    module = build(load_config_dir(path), task)
+    module.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+    return module.eval(), task
+
+
+# --- one main for every task ---------------------------------------------------------------------------------
+
+def finetune_main(spec, argv: list[str] | None) -> int:
+    """The train-then-evaluate flow of every task. `spec` provides: name, config_cls, doc,
+    build_module(pretrained, cfg, train_set) -> (module, task_info), rebuild(model_cfg, task_info),
+    datasets(cfg, tokenizer, task_info) -> (train_set or None, eval_set),
+    evaluate(module, eval_set, cfg, run_dir, device) -> metrics dict, count_batch(batch)."""
+    p = argparse.ArgumentParser(description=f"VL-BERT finetuning: {spec.name}", epilog=spec.doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help=f"{spec.config_cls.__name__} YAML (see launch/configs/{spec.name}_*.yaml)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("overrides", nargs="*", help="key=value, e.g. epochs=2 optim.lr=1e-4")
+    args = p.parse_args(argv)
+    from model.config import load_config
+
+    cfg = load_config(spec.config_cls, args.config, args.overrides)
+    from pretrain.engine import Engine, init_distributed
+    from shards.tokenizer import load_tokenizer
+
+    rank, world = init_distributed(args.local_rank)
+    torch.manual_seed(cfg.seed)
+    run_dir = Path(cfg.engine.run_dir)
+    if args.eval_only:
+        module, info = load_task_model(run_dir / "model", spec.rebuild)
+        tokenizer = load_tokenizer(str(run_dir / "model"))
+    else:
+        pretrained, tok_dir, source = build_pretrained(cfg.backbone)
+        tokenizer = load_tokenizer(tok_dir)
+        train, _ = spec.datasets(cfg, tokenizer, None, train=True)
+        module, info = spec.build_module(pretrained, cfg, train)
+        micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)
+        loader = EpochLoader(train, micro, cfg.seed, rank, world, cfg.num_workers)
+        steps_per_epoch = max(1, loader.batches_per_epoch // cfg.engine.gradient_accumulation_steps)
+        cfg.engine.steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+        if cfg.warmup_fraction >= 0:
+            cfg.optim.warmup_steps = int(cfg.warmup_fraction * cfg.engine.steps)
+        if cfg.decay_epochs:
+            cfg.optim.decay_steps = [int(e * steps_per_epoch) for e in cfg.decay_epochs]
+        record = {"task": spec.name, "init": source, "train_examples": len(train), "steps": cfg.engine.steps,
+                  "skipped": train.skip_counts()}
+        if rank == 0:
+            print(f"{spec.name}: from {source}; {len(train)} training examples "
+                  f"({train.skip_counts() or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
+        cfg.engine.progress_label = spec.name
+        engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=spec.count_batch,
+                        run_info={"config": asdict(cfg), "finetune": record})
+        engine.train(resume=args.resume)
+        state = engine.consolidated_state_dict()
+        if rank == 0:
+            info = dict(info, record=record)
+            save_task_model(module, state, run_dir / "model", tok_dir, info)
+            module, info = load_task_model(run_dir / "model", spec.rebuild)  # evaluate what was saved
+    if rank == 0:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        _, data = spec.datasets(cfg, tokenizer, info, train=False)
+        metrics = spec.evaluate(module.to(device), data, cfg, run_dir, device)
+        metrics["skipped"] = data.skip_counts()
+        (run_dir / f"metrics_{cfg.eval_split}.json").write_text(json.dumps(metrics, indent=1))
+        print(f"{spec.name} on {cfg.eval_split}: {spec.summary(metrics)}\noutputs: {run_dir}", flush=True)
+    torch.distributed.barrier()
+    return 0
+
+
+class SkipCounter:
+    """Records skipped input by reason, naming each record, as every task's reader does."""
+
+    def __init__(self):
+        self.skipped: dict[str, list[str]] = {}
+
+    def skip(self, reason: str, record: str) -> None:
+        self.skipped.setdefault(reason, []).append(record)
+
+    def skip_counts(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.skipped.items()}

@@ -1,0 +1,419 @@
+"""VQA v2 finetuning (VL-BERT section 4.2.2, Figure 2b, appendix A.2).
+
+    python -m finetune.vqa --config launch/configs/vqa_demo.yaml [--resume | --eval-only] [key=value ...]
+    bash launch/finetune_vqa.sh                         # the demo, end to end
+
+Reads the official files as distributed: `v2_OpenEnded_mscoco_<split>_questions.json` and
+`v2_mscoco_<split>_annotations.json` (none for the test splits), COCO images from a folder
+(`data.images`, a pattern of image_id and split: test-dev2015 images live in test2015) and the regions
+from a box file (`python -m shards.detect` writes one).
+
+Input `[CLS] question [SEP] [MASK] [SEP] [IMG]... [END]`; a classifier on the [MASK] output (the
+pretrained MLM head's transform, then a new linear layer over the answer vocabulary); soft targets are
+each answer's official VQA accuracy; binary cross-entropy over answers. The vocabulary holds every
+normalised `multiple_choice_answer` of at least `answer_min_count` training questions (the paper's
+3,129 at 9) and is saved with the model.
+
+Outputs under engine.run_dir: `results_<split>.json` (`[{question_id, answer}]`, the format the
+evaluation server takes for test-dev/test-std), `metrics_<split>.json` (official accuracy overall, per
+answer type and per question type, next to a question-type prior baseline), TensorBoard, checkpoints,
+`model/` (for `python -m finetune.infer`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.heads import BertPredictionHeadTransform
+
+from .common import (
+    FinetuneConfig,
+    SkipCounter,
+    collate_visual,
+    copy_transform,
+    encode,
+    eval_batches,
+    finetune_main,
+    load_image,
+    pad_lists,
+)
+
+# --- the official answer normalisation and accuracy (VQA evaluation code, vqaEval.py) -------------------
+
+_CONTRACTIONS = dict(pair.split("=") for pair in (
+    "aint=ain't arent=aren't cant=can't couldve=could've couldnt=couldn't couldn'tve=couldn't've "
+    "couldnt've=couldn't've didnt=didn't doesnt=doesn't dont=don't hadnt=hadn't hadnt've=hadn't've "
+    "hadn'tve=hadn't've hasnt=hasn't havent=haven't hed=he'd hed've=he'd've he'dve=he'd've hes=he's howd=how'd "
+    "howll=how'll hows=how's Id've=I'd've I'dve=I'd've Im=I'm Ive=I've isnt=isn't itd=it'd itd've=it'd've "
+    "it'dve=it'd've itll=it'll let's=let's maam=ma'am mightnt=mightn't mightnt've=mightn't've "
+    "mightn'tve=mightn't've mightve=might've mustnt=mustn't mustve=must've neednt=needn't notve=not've "
+    "oclock=o'clock oughtnt=oughtn't ow's'at='ow's'at 'ows'at='ow's'at 'ow'sat='ow's'at shant=shan't "
+    "shed've=she'd've she'dve=she'd've she's=she's shouldve=should've shouldnt=shouldn't "
+    "shouldnt've=shouldn't've shouldn'tve=shouldn't've somebody'd=somebodyd somebodyd've=somebody'd've "
+    "somebody'dve=somebody'd've somebodyll=somebody'll somebodys=somebody's someoned=someone'd "
+    "someoned've=someone'd've someone'dve=someone'd've someonell=someone'll someones=someone's "
+    "somethingd=something'd somethingd've=something'd've something'dve=something'd've somethingll=something'll "
+    "thats=that's thered=there'd thered've=there'd've there'dve=there'd've therere=there're theres=there's "
+    "theyd=they'd theyd've=they'd've they'dve=they'd've theyll=they'll theyre=they're theyve=they've "
+    "twas='twas wasnt=wasn't wed've=we'd've we'dve=we'd've weve=we've werent=weren't whatll=what'll "
+    "whatre=what're whats=what's whatve=what've whens=when's whered=where'd wheres=where's whereve=where've "
+    "whod=who'd whod've=who'd've who'dve=who'd've wholl=who'll whos=who's whove=who've whyll=why'll "
+    "whyre=why're whys=why's wont=won't wouldve=would've wouldnt=wouldn't wouldnt've=wouldn't've "
+    "wouldn'tve=wouldn't've yall=y'all yall'll=y'all'll y'allll=y'all'll yall'd've=y'all'd've "
+    "y'alld've=y'all'd've y'all'dve=y'all'd've youd=you'd youd've=you'd've you'dve=you'd've youll=you'll "
+    "youre=you're youve=you've").split())
+_NUMBERS = {w: str(i) for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+_NUMBERS["none"] = "0"
+_ARTICLES = {"a", "an", "the"}
+_PUNCT = [";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!"]
+# The official pattern reads `(?!<=\d)`, a look-ahead (not the look-behind it looks like): it is kept,
+# because the metric is defined by what that code computes.
+_PERIOD = re.compile(r"(?!<=\d)(\.)(?!\d)")
+_COMMA_NUMBER = re.compile(r"(\d)(,)(\d)")
+
+
+def process_punctuation(text: str) -> str:
+    out = text
+    for p in _PUNCT:
+        if (p + " " in text or " " + p in text) or _COMMA_NUMBER.search(text):
+            out = out.replace(p, "")
+        else:
+            out = out.replace(p, " ")
+    return _PERIOD.sub("", out)
+
+
+def process_digit_article(text: str) -> str:
+    words = [_NUMBERS.get(w, w) for w in text.lower().split()]
+    return " ".join(_CONTRACTIONS.get(w, w) for w in words if w not in _ARTICLES)
+
+
+def normalise_answer(text: str) -> str:
+    """Punctuation, number words, articles and contractions, as the evaluation treats a prediction."""
+    return process_digit_article(process_punctuation(text.replace("\n", " ").replace("\t", " ").strip()))
+
+
+def vqa_accuracy(prediction: str, answers: list[str]) -> float:
+    """The official accuracy of one prediction against the 10 human answers: the mean over the 10
+    leave-one-out subsets of min(1, matches / 3). As in vqaEval.py, answers and prediction are
+    normalised only when the humans disagree, and the answers only for punctuation."""
+    gts = [a.replace("\n", " ").replace("\t", " ").strip() for a in answers]
+    pred = prediction.replace("\n", " ").replace("\t", " ").strip()
+    if len(set(gts)) > 1:
+        gts = [process_punctuation(a) for a in gts]
+        pred = process_digit_article(process_punctuation(pred))
+    matches = [a == pred for a in gts]
+    total = sum(matches)
+    return sum(min(1.0, (total - m) / 3) for m in matches) / len(gts)
+
+
+def soft_score(count: int, n_answers: int = 10) -> float:
+    """The accuracy of an answer that `count` of the n human answers gave, in closed form: leaving out
+    one of its own leaves count - 1 matches, leaving out another leaves count."""
+    return (count * min(1.0, (count - 1) / 3) + (n_answers - count) * min(1.0, count / 3)) / n_answers
+
+
+# --- the official files -----------------------------------------------------------------------------------
+
+class VQAFormatError(ValueError):
+    pass
+
+
+@dataclass
+class VQAQuestion:
+    question_id: int
+    image_id: int
+    question: str
+    answers: list[str] = field(default_factory=list)  # the 10 human answers (empty without annotations)
+    answer_type: str = ""
+    question_type: str = ""
+    multiple_choice_answer: str = ""
+
+
+def _load_json(path: Path, key: str) -> list:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not found") from None
+    except json.JSONDecodeError as e:
+        raise VQAFormatError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get(key), list):
+        raise VQAFormatError(f"{path}: expected an object with a '{key}' list")
+    return data[key]
+
+
+def read_vqa(questions_path: str | Path, annotations_path: str | Path | None, skips: SkipCounter | None = None
+             ) -> list[VQAQuestion]:
+    """Questions joined with their annotations by question_id. A question without an annotation is a
+    counted skip naming it; a malformed record is an error naming the file and the record."""
+    out = []
+    for i, q in enumerate(_load_json(Path(questions_path), "questions")):
+        try:
+            out.append(VQAQuestion(int(q["question_id"]), int(q["image_id"]), str(q["question"])))
+        except (KeyError, TypeError, ValueError) as e:
+            raise VQAFormatError(f"{questions_path}: questions[{i}]: missing or bad field {e}") from None
+    if annotations_path is None:
+        return out
+    anns = {}
+    for i, a in enumerate(_load_json(Path(annotations_path), "annotations")):
+        try:
+            answers = [str(x["answer"]) for x in a["answers"]]
+            anns[int(a["question_id"])] = (a, answers)
+        except (KeyError, TypeError, ValueError) as e:
+            raise VQAFormatError(f"{annotations_path}: annotations[{i}]: missing or bad field {e}") from None
+    kept = []
+    for q in out:
+        if q.question_id not in anns:
+            if skips is not None:
+                skips.skip("question without annotation", f"{questions_path}: question_id {q.question_id}")
+            continue
+        a, answers = anns[q.question_id]
+        q.answers, q.answer_type = answers, str(a.get("answer_type", ""))
+        q.question_type, q.multiple_choice_answer = str(a.get("question_type", "")), str(a.get(
+            "multiple_choice_answer", ""))
+        kept.append(q)
+    return kept
+
+
+def build_answer_vocab(questions: list[VQAQuestion], min_count: int) -> list[str]:
+    """Normalised multiple-choice answers given for at least min_count questions, most frequent first."""
+    counts = Counter(normalise_answer(q.multiple_choice_answer) for q in questions if q.multiple_choice_answer)
+    return [a for a, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count]
+
+
+def question_type_prior(questions: list[VQAQuestion]) -> dict[str, str]:
+    """The most frequent answer per question type: the language-prior baseline a model must beat."""
+    by_type: dict[str, Counter] = defaultdict(Counter)
+    for q in questions:
+        by_type[q.question_type][normalise_answer(q.multiple_choice_answer)] += 1
+    return {t: c.most_common(1)[0][0] for t, c in by_type.items()}
+
+
+# --- data -------------------------------------------------------------------------------------------------
+
+@dataclass
+class VQADataConfig:
+    root: str = "data/demo/raw/vqa"
+    questions: str = "v2_OpenEnded_mscoco_{split}_questions.json"  # relative to root
+    annotations: str = "v2_mscoco_{split}_annotations.json"
+    # relative to image.root; {image_dir} is the split's image folder (test-dev2015 -> test2015)
+    images: str = "images/{image_id:06d}.jpg"
+    boxes: str = "data/demo/raw/boxes.jsonl"  # box file keyed by the image path above
+    train_splits: list = field(default_factory=lambda: ["train2014"])
+    answer_min_count: int = 9
+    max_question_tokens: int = 32
+
+
+@dataclass
+class VQAConfig(FinetuneConfig):
+    data: VQADataConfig = field(default_factory=VQADataConfig)
+    classifier_dropout: float = 0.1
+
+
+def split_files(cfg: VQADataConfig, split: str) -> tuple[Path, Path | None]:
+    q = Path(cfg.root) / cfg.questions.format(split=split)
+    a = Path(cfg.root) / cfg.annotations.format(split=split)
+    if not q.exists():
+        raise FileNotFoundError(f"VQA split '{split}': questions file {q} not found")
+    if not a.exists():
+        if split.startswith("test"):
+            return q, None  # the test splits are distributed without annotations
+        raise FileNotFoundError(f"VQA split '{split}': annotations file {a} not found")
+    return q, a
+
+
+class VQASet(SkipCounter):
+    def __init__(self, cfg: VQAConfig, splits: list[str], tokenizer, answers: list[str], mask_id: int):
+        from shards.caption_inputs import load_box_file
+        from shards.skips import SkipLog
+
+        super().__init__()
+        self.cfg, self.answers, self.mask_id = cfg, answers, mask_id
+        self.index = {a: i for i, a in enumerate(answers)}
+        box_skips = SkipLog("box records")
+        boxes = {}
+        for path in cfg.data.boxes.split(","):
+            boxes.update(load_box_file(path, box_skips))
+        self.items: list[tuple[VQAQuestion, str]] = []
+        self.has_answers = True
+        for split in splits:
+            q_path, a_path = split_files(cfg.data, split)
+            self.has_answers &= a_path is not None
+            image_dir = split.replace("test-dev", "test")
+            for q in read_vqa(q_path, a_path, self):
+                rel = cfg.data.images.format(image_id=q.image_id, split=split, image_dir=image_dir)
+                if rel not in boxes:
+                    self.skip("image without boxes", f"{q_path}: question_id {q.question_id} ({rel})")
+                    continue
+                self.items.append((q, rel))
+        if not self.items:
+            raise ValueError(f"VQA {splits}: no usable questions ({self.skip_counts()})")
+        self.boxes = boxes
+        enc = tokenizer([q.question for q, _ in self.items], add_special_tokens=False, truncation=True,
+                        max_length=cfg.data.max_question_tokens)
+        self.question_ids = enc["input_ids"]
+        self.targets = []  # sparse soft targets: [(answer index, score)]
+        outside = 0
+        for q, _ in self.items:
+            counts = Counter(normalise_answer(a) for a in q.answers)
+            target = [(self.index[a], soft_score(c, len(q.answers))) for a, c in counts.items() if a in self.index]
+            outside += bool(q.answers) and not target
+            self.targets.append([(i, s) for i, s in target if s > 0])
+        self.outside_vocabulary = outside  # questions none of whose answers the classifier can give
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def batch(self, indices: list[int]) -> dict:
+        image_cfg = self.cfg.image
+        visual = []
+        for i in indices:
+            q, rel = self.items[i]
+            entry = self.boxes[rel]
+            visual.append(load_image(Path(image_cfg.root) / rel, entry.boxes[: image_cfg.max_regions], image_cfg,
+                                     f"question_id {q.question_id}"))
+        out = collate_visual(visual)
+        out["a_ids"], out["a_mask"] = pad_lists([self.question_ids[i] for i in indices])
+        out["b_ids"], out["b_mask"] = pad_lists([[self.mask_id] for _ in indices])
+        target = torch.zeros(len(indices), len(self.answers))
+        for row, i in enumerate(indices):
+            for a, s in self.targets[i]:
+                target[row, a] = s
+        out["target"] = target
+        return out
+
+
+# --- the model ----------------------------------------------------------------------------------------------
+
+class VQAModel(nn.Module):
+    def __init__(self, vl_bert, num_answers: int, dropout: float):
+        super().__init__()
+        cfg = vl_bert.cfg
+        self.vl_bert = vl_bert
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, num_answers)
+        nn.init.normal_(self.classifier.weight, std=cfg.initializer_range)
+        nn.init.zeros_(self.classifier.bias)
+
+    def logits(self, batch: dict) -> torch.Tensor:
+        out = encode(self.vl_bert, batch)
+        mask_pos = batch["a_mask"].sum(1) + 2  # [CLS] question [SEP] -> [MASK]
+        hidden = out.last_hidden_state[torch.arange(mask_pos.shape[0], device=mask_pos.device), mask_pos]
+        return self.classifier(self.dropout(self.transform(hidden)))
+
+    def forward(self, batch: dict):
+        logits = self.logits(batch)
+        target = batch["target"]
+        # the official code's scale: the mean over answers times their number = a sum over answers
+        loss = F.binary_cross_entropy_with_logits(logits, target) * target.shape[1]
+        score = target.gather(1, logits.argmax(1, keepdim=True)).mean()
+        return loss, {"loss/total": loss.detach(), "acc/soft_vqa": score.detach()}
+
+
+# --- the task for finetune_main -----------------------------------------------------------------------------
+
+class VQATask:
+    name = "vqa"
+    config_cls = VQAConfig
+    doc = __doc__
+
+    @staticmethod
+    def datasets(cfg: VQAConfig, tokenizer, info: dict | None, train: bool):
+        mask_id = tokenizer.mask_token_id
+        if train:
+            questions = []
+            for split in cfg.data.train_splits:
+                q, a = split_files(cfg.data, split)
+                if a is None:
+                    raise FileNotFoundError(f"VQA training split '{split}' has no annotations file")
+                questions += read_vqa(q, a)
+            answers = build_answer_vocab(questions, cfg.data.answer_min_count)
+            if not answers:
+                raise ValueError(f"no answer is given {cfg.data.answer_min_count}+ times in {cfg.data.train_splits}: "
+                                 "lower data.answer_min_count")
+            data = VQASet(cfg, list(cfg.data.train_splits), tokenizer, answers, mask_id)
+            data.prior = question_type_prior([q for q, _ in data.items])
+            return data, None
+        data = VQASet(cfg, [cfg.eval_split], tokenizer, info["answers"], mask_id)
+        data.prior = info.get("prior", {})
+        return None, data
+
+    @staticmethod
+    def build_module(pretrained, cfg: VQAConfig, train: VQASet):
+        model = VQAModel(pretrained.vl_bert, len(train.answers), cfg.classifier_dropout)
+        copy_transform(model.transform, pretrained.mlm_head.transform)  # as the official code initialises it
+        return model, {"task": "vqa", "answers": train.answers, "prior": train.prior,
+                       "classifier_dropout": cfg.classifier_dropout, "image": vars(cfg.image),
+                       "max_question_tokens": cfg.data.max_question_tokens}
+
+    @staticmethod
+    def rebuild(model_cfg, info: dict):
+        from model.vl_bert import VLBert
+
+        return VQAModel(VLBert(model_cfg), len(info["answers"]), info["classifier_dropout"])
+
+    @staticmethod
+    def count_batch(batch: dict) -> dict[str, float]:
+        n = float(batch["a_ids"].shape[0])
+        return {"samples": n, "images": n, "tokens": float(batch["a_mask"].sum() + batch["box_mask"].sum())}
+
+    @staticmethod
+    @torch.no_grad()
+    def evaluate(model: VQAModel, data: VQASet, cfg: VQAConfig, run_dir: Path, device) -> dict:
+        from pretrain.engine import to_device
+
+        model.eval()
+        results = []
+        for idx, batch in eval_batches(data, cfg.eval_batch_size, cfg.max_eval_examples, "vqa eval"):
+            logits = model.logits(to_device(batch, device)).float().cpu()
+            for i, best in zip(idx, logits.argmax(1).tolist(), strict=True):
+                results.append({"question_id": data.items[i][0].question_id, "answer": data.answers[best]})
+        (run_dir / f"results_{cfg.eval_split}.json").write_text(json.dumps(results))
+        metrics = {"split": cfg.eval_split, "questions": len(results), "answers_in_vocabulary": len(data.answers)}
+        if not data.has_answers:
+            return metrics
+        prior = data.prior
+        questions = [data.items[i][0] for i in range(len(results))]
+        scores = [vqa_accuracy(r["answer"], q.answers) for r, q in zip(results, questions, strict=True)]
+        baseline = [vqa_accuracy(prior.get(q.question_type, ""), q.answers) for q in questions]
+        metrics.update(accuracy_table(questions, scores), prior_baseline=accuracy_table(questions, baseline),
+                       outside_vocabulary=data.outside_vocabulary)
+        return metrics
+
+    @staticmethod
+    def summary(metrics: dict) -> str:
+        if "overall" not in metrics:
+            return f"{metrics['questions']} answers written (no annotations for this split)"
+        per = ", ".join(f"{k} {v:.2f}" for k, v in metrics["per_answer_type"].items())
+        return (f"VQA accuracy {metrics['overall']:.2f} ({per}); question-type prior "
+                f"{metrics['prior_baseline']['overall']:.2f}")
+
+
+def accuracy_table(questions: list[VQAQuestion], scores: list[float]) -> dict:
+    """Overall, per answer type and per question type, in percent (as the official evaluation reports)."""
+    def mean(xs):
+        return round(100.0 * sum(xs) / max(1, len(xs)), 2)
+
+    by_answer, by_question = defaultdict(list), defaultdict(list)
+    for q, s in zip(questions, scores, strict=True):
+        by_answer[q.answer_type].append(s)
+        by_question[q.question_type].append(s)
+    return {"overall": mean(scores), "per_answer_type": {k: mean(v) for k, v in sorted(by_answer.items())},
+            "per_question_type": {k: mean(v) for k, v in sorted(by_question.items())}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return finetune_main(VQATask, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

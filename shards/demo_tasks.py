@@ -1,0 +1,266 @@
+"""The demo corpus' finetuning data, each in its task's official format, from the shapes world:
+
+  raw/vqa/        VQA v2: v2_OpenEnded_mscoco_{train2014,val2014}_questions.json and
+                  v2_mscoco_{split}_annotations.json (10 human answers each, with a little disagreement
+                  and the surface variation real annotators show: "2" / "two", "Red", "a circle")
+  raw/vcr/        VCR: {train,val,test}.jsonl (tokens with object references as index lists) and
+                  per-image metadata JSON (boxes with scores, names, width, height)
+  raw/refcoco+/   the refer toolkit's refs(unc).p and instances.json (COCO format, bbox x, y, w, h),
+                  plus detections in MAttNet's list format (dets.json)
+
+The corpus' val images are the val/test images of every task; train images come from the rest. Answers
+need the picture: colours, counts and relations can only come from it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from pathlib import Path
+
+from . import shapes_world as sw
+
+RELATIONS = ["left of", "right of", "above", "below"]
+
+
+def _scenes(raw: Path):
+    val_images = {line.split("\t")[1].strip() for line in open(raw / "captions_val.tsv") if line.strip()}
+    with open(raw / "scenes.jsonl") as f:
+        for line in f:
+            scene = json.loads(line)
+            world = sw.Scene(scene["width"], scene["height"], (0, 0, 0), [
+                sw.ShapeObject(o["category"], o["colour"], o["size"], tuple(o["box"]), o["covered"])
+                for o in scene["objects"]])
+            yield int(Path(scene["image"]).stem), scene["image"], world, scene["image"] in val_images
+
+
+# --- VQA v2 ---------------------------------------------------------------------------------------------
+
+def vqa_questions(scene: sw.Scene, rng: random.Random, k: int = 5) -> list[tuple[str, str, str, str]]:
+    """(question, answer, answer_type, question_type) about the picture; yes/no questions are balanced."""
+    visible = [o for o in scene.objects if not o.covered]
+    pool = [("how many shapes are there?", str(len(scene.objects)), "number", "how many")]
+    cats = {}
+    for o in visible:
+        cats.setdefault(o.category, []).append(o)
+    probe = rng.choice(sw.CATEGORIES)
+    pool.append((f"how many {sw._plural(probe)} are there?", str(len(cats.get(probe, []))), "number", "how many"))
+    for cat, group in cats.items():
+        if len(group) == 1:
+            pool.append((f"what color is the {cat}?", group[0].colour, "other", "what color is the"))
+    colours = {}
+    for o in visible:
+        colours.setdefault(o.colour, []).append(o)
+    for colour, group in colours.items():
+        if len({o.category for o in group}) == 1:
+            pool.append((f"what shape is {colour}?", group[0].category, "other", "what shape is"))
+    if visible:
+        o = rng.choice(visible)
+        if rng.random() < 0.5:
+            pool.append((f"is there a {o.colour} {o.category}?", "yes", "yes/no", "is there a"))
+        else:
+            absent = [(c, s) for c in sw.COLOURS for s in sw.CATEGORIES
+                      if not any(v.colour == c and v.category == s for v in visible)]
+            c, s = rng.choice(absent)
+            pool.append((f"is there a {c} {s}?", "no", "yes/no", "is there a"))
+    unique = [group[0] for group in cats.values() if len(group) == 1]
+    if len(unique) >= 2:
+        a, b = rng.sample(unique, 2)
+        true = sw.relation(a, b)
+        asked = true if rng.random() < 0.5 else rng.choice([r for r in RELATIONS if r != true])
+        pool.append((f"is the {a.category} {asked} the {b.category}?", "yes" if asked == true else "no", "yes/no",
+                     "is the"))
+    return rng.sample(pool, min(k, len(pool)))
+
+
+def _human_answers(answer: str, answer_type: str, rng: random.Random, n: int = 10) -> list[str]:
+    """n annotators: most give the answer, in varying surface forms; a few give a plausible wrong one."""
+    def variant(a: str) -> str:
+        if answer_type == "number" and a.isdigit() and int(a) <= 10 and rng.random() < 0.3:
+            return sw.NUMBER_WORDS[int(a)] if int(a) < len(sw.NUMBER_WORDS) else a
+        if answer_type == "other" and rng.random() < 0.15:
+            return rng.choice([a.capitalize(), f"a {a}", f"{a}."])
+        return a
+
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.88:
+            out.append(variant(answer))
+        elif answer_type == "yes/no":
+            out.append("no" if answer == "yes" else "yes")
+        elif answer_type == "number":
+            out.append(str(max(0, int(answer) + rng.choice([-1, 1]))))
+        elif answer in sw.COLOURS:
+            out.append(rng.choice([c for c in sw.COLOURS if c != answer]))
+        else:
+            out.append(rng.choice([c for c in sw.CATEGORIES if c != answer]))
+    return out
+
+
+def write_vqa(raw: Path, seed: int, per_image: int = 5) -> Path:
+    out = raw / "vqa"
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"train2014": ([], []), "val2014": ([], [])}
+    for index, image, world, is_val in _scenes(raw):
+        split = "val2014" if is_val else "train2014"
+        rng = random.Random(seed * 5_000_011 + index)
+        questions, annotations = data[split]
+        for k, (question, answer, answer_type, question_type) in enumerate(vqa_questions(world, rng, per_image)):
+            qid = index * 10 + k
+            answers = _human_answers(answer, answer_type, rng)
+            questions.append({"image_id": index, "question": question, "question_id": qid})
+            annotations.append({
+                "question_id": qid, "image_id": index, "answer_type": answer_type, "question_type": question_type,
+                "multiple_choice_answer": answer,
+                "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": j + 1} for j, a in enumerate(answers)]})
+    info = {"description": "shapes-world demo in VQA v2 format", "version": "2.0"}
+    for split, (questions, annotations) in data.items():
+        (out / f"v2_OpenEnded_mscoco_{split}_questions.json").write_text(json.dumps(
+            {"info": info, "task_type": "Open-Ended", "data_type": "mscoco", "data_subtype": split,
+             "questions": questions}))
+        (out / f"v2_mscoco_{split}_annotations.json").write_text(json.dumps(
+            {"info": info, "data_type": "mscoco", "data_subtype": split, "annotations": annotations}))
+    return out
+
+
+# --- VCR -------------------------------------------------------------------------------------------------
+
+def _where(o: sw.ShapeObject, scene: sw.Scene) -> str:
+    return "on the left" if o.centre[0] < scene.width / 2 else "on the right"
+
+
+def vcr_item(scene: sw.Scene, rng: random.Random) -> dict | None:
+    """One VCR-style question with 4 answers and 4 rationales; object references are index lists."""
+    visible = [i for i, o in enumerate(scene.objects) if not o.covered]
+    if len(visible) < 2:
+        return None
+    i, j = rng.sample(visible, 2)
+    a, b = scene.objects[i], scene.objects[j]
+    if rng.random() < 0.5:
+        question = ["what", "color", "is", [i], "?"]
+        options = [a.colour] + rng.sample([c for c in sw.COLOURS if c != a.colour], 3)
+        answers = [[[i], "is", c, "."] for c in options]
+        reasons = [[[i], "is", "the", a.size, c, "shape", *_where(a, scene).split(), "."] for c in options]
+    else:
+        question = ["where", "is", [i], "compared", "to", [j], "?"]
+        true = sw.relation(a, b)
+        options = [true] + [r for r in RELATIONS if r != true]
+        answers = [[[i], "is", *r.split(), [j], "."] for r in options]
+        rel_reason = {"left of": "further left than", "right of": "further right than", "above": "higher than",
+                      "below": "lower than"}
+        reasons = [["the", "centre", "of", [i], "is", *rel_reason[r].split(), "that", "of", [j], "."] for r in options]
+    order_a, order_r = rng.sample(range(4), 4), rng.sample(range(4), 4)
+    return {"question": question, "answer_choices": [answers[k] for k in order_a],
+            "rationale_choices": [reasons[k] for k in order_r], "answer_label": order_a.index(0),
+            "rationale_label": order_r.index(0)}
+
+
+def write_vcr(raw: Path, seed: int) -> Path:
+    out = raw / "vcr"
+    (out / "metadata").mkdir(parents=True, exist_ok=True)
+    files = {s: open(out / f"{s}.jsonl", "w") for s in ("train", "val", "test")}
+    try:
+        for index, image, world, is_val in _scenes(raw):
+            rng = random.Random(seed * 3_000_017 + index)
+            split = ("val" if index % 2 == 0 else "test") if is_val else "train"
+            meta = f"vcr/metadata/{index:06d}.json"
+            (raw / meta).write_text(json.dumps({
+                "boxes": [[*o.box, 1.0] for o in world.objects], "segms": [[] for _ in world.objects],
+                "names": [o.category for o in world.objects], "width": world.width, "height": world.height}))
+            for k in range(2):
+                item = vcr_item(world, rng)
+                if item is None:
+                    continue
+                record = {"movie": "shapes_world", "objects": [o.category for o in world.objects],
+                          "interesting_scores": [0], "img_fn": image, "metadata_fn": meta,
+                          "question_orig": " ".join(t if isinstance(t, str) else "it" for t in item["question"]),
+                          "annot_id": f"{split}-{index * 10 + k}", "img_id": f"{split}-{index}",
+                          "question_number": k, **item}
+                if split == "test":  # distributed without labels
+                    record.pop("answer_label")
+                    record.pop("rationale_label")
+                files[split].write(json.dumps(record) + "\n")
+    finally:
+        for f in files.values():
+            f.close()
+    return out
+
+
+# --- RefCOCO+ --------------------------------------------------------------------------------------------
+
+def _expressions(o: sw.ShapeObject, rng: random.Random) -> list[str]:
+    """Appearance-only descriptions (RefCOCO+ forbids location words)."""
+    if o.covered:
+        return [f"covered {o.category}", f"the {o.category} under the cloth", "grey cloth"][: rng.randint(2, 3)]
+    forms = [f"{o.colour} {o.category}", f"the {o.size} {o.colour} {o.category}", f"{o.colour} one",
+             f"{o.category} that is {o.colour}"]
+    return rng.sample(forms, rng.randint(2, 3))
+
+
+def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
+    out = raw / "refcoco+"
+    out.mkdir(parents=True, exist_ok=True)
+    categories = [{"id": k, "name": c, "supercategory": "shape"} for k, c in enumerate(sw.CATEGORIES, 1)]
+    images, annotations, refs, dets = [], [], [], []
+    n_train = 0
+    for index, image, world, is_val in _scenes(raw):
+        if not is_val:
+            if n_train >= n_train_images:
+                continue
+            n_train += 1
+        rng = random.Random(seed * 9_000_049 + index)
+        images.append({"id": index, "file_name": Path(image).name, "width": world.width, "height": world.height})
+        ann_ids = []
+        for k, o in enumerate(world.objects):
+            x1, y1, x2, y2 = o.box
+            ann_id = index * 100 + k
+            ann_ids.append(ann_id)
+            annotations.append({"id": ann_id, "image_id": index, "category_id": o.class_id, "iscrowd": 0,
+                                "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)})
+            # a detector's view: jittered boxes, scores, and now and then a miss
+            if rng.random() < 0.95:
+                s = x2 - x1
+                jx, jy = rng.uniform(-0.12, 0.12) * s, rng.uniform(-0.12, 0.12) * s
+                w = s * rng.uniform(0.85, 1.15)
+                bx, by = max(0.0, x1 + jx), max(0.0, y1 + jy)
+                dets.append({"det_id": len(dets), "image_id": index, "category_id": o.class_id,
+                             "box": [round(bx, 1), round(by, 1), round(min(w, world.width - bx), 1),
+                                     round(min(w, world.height - by), 1)], "score": round(rng.uniform(0.6, 1), 3)})
+        for _ in range(rng.randint(1, 3)):  # false positives
+            w = rng.uniform(0.1, 0.3) * min(world.width, world.height)
+            bx, by = rng.uniform(0, world.width - w), rng.uniform(0, world.height - w)
+            dets.append({"det_id": len(dets), "image_id": index, "category_id": rng.randint(1, 8),
+                         "box": [round(bx, 1), round(by, 1), round(w, 1), round(w, 1)],
+                         "score": round(rng.uniform(0.3, 0.7), 3)})
+        # referable objects: no other object shares their description
+        keys = [(o.covered, o.category, None if o.covered else o.colour) for o in world.objects]
+        for k, o in enumerate(world.objects):
+            if keys.count(keys[k]) > 1:
+                continue
+            if is_val:
+                if index % 2 == 0:
+                    split = "val"
+                else:  # like testA's "several people": the referent has look-alikes of its category
+                    split = "testA" if sum(p.category == o.category for p in world.objects) > 1 else "testB"
+            else:
+                split = "train"
+            sentences = []
+            for text in _expressions(o, rng):
+                sent_id = index * 1000 + k * 10 + len(sentences)
+                sentences.append({"tokens": text.split(), "raw": text, "sent_id": sent_id, "sent": text})
+            refs.append({"sent_ids": [s["sent_id"] for s in sentences], "file_name": f"COCO_{index:06d}_{k}.jpg",
+                         "ann_id": ann_ids[k], "ref_id": len(refs), "image_id": index, "split": split,
+                         "sentences": sentences, "category_id": o.class_id})
+    with open(out / "refs(unc).p", "wb") as f:
+        pickle.dump(refs, f, protocol=2)  # the refer toolkit's pickles are protocol 2
+    (out / "instances.json").write_text(json.dumps({"images": images, "annotations": annotations,
+                                                    "categories": categories}))
+    (out / "dets.json").write_text(json.dumps(dets))
+    return out
+
+
+def write_all(raw: Path, seed: int) -> None:
+    write_vqa(raw, seed)
+    write_vcr(raw, seed)
+    write_refcoco(raw, seed)
