@@ -1,0 +1,30 @@
+# Shared by launch/finetune_{vqa,vcr,refcoco}.sh (sourced, not run): one training/evaluation process per
+# GPU through the deepspeed launcher, or one process on CPU.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$(dirname "$here")"
+gpus="${NUM_GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
+
+# The demo configs read data/demo and start from the demo pretraining export: build the corpus if it is
+# missing, and without an export start from the packaged BERT (vision layers new) and say so.
+demo_init() {  # config -> extra overrides on stdout
+  local config="$1"
+  [ -f "$config" ] || { echo "launch: config '$config' not found" >&2; exit 2; }
+  if grep -q "data/demo" "$config"; then
+    python -m shards.demo --out data/demo >&2
+    if grep -q "init: runs/demo/export" "$config" && [ ! -f runs/demo/export/config.yaml ]; then
+      echo "launch: runs/demo/export not found (bash launch/pretrain.sh makes it); starting from the packaged" \
+           "BERT with a new detector" >&2
+      echo "backbone.init=packaged"
+    fi
+  fi
+}
+
+run_module() {  # module, then its arguments
+  local module="$1"; shift
+  if [ "$gpus" -gt 0 ]; then
+    deepspeed --num_gpus "$gpus" --module "$module" "$@"
+  else
+    python -m "$module" "$@"
+  fi
+}
