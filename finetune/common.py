@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -221,7 +220,8 @@ class EpochLoader:
 
         while True:
             order = self._order()
-            batches = [order[k * self.micro: (k + 1) * self.micro] for k in range(self.position, self.batches_per_epoch)]
+            batches = [order[k * self.micro: (k + 1) * self.micro]
+                       for k in range(self.position, self.batches_per_epoch)]
             if self.num_workers > 0:
                 source = torch.utils.data.DataLoader(_Batches(self.data, batches), batch_size=None,
                                                      num_workers=self.num_workers, worker_init_fn=_ignore_stop_signals)

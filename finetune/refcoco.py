@@ -31,7 +31,16 @@ from torch import nn
 
 from model.boxes import box_iou
 
-from .common import FinetuneConfig, SkipCounter, collate_visual, encode, eval_batches, finetune_main, load_image, pad_lists
+from .common import (
+    FinetuneConfig,
+    SkipCounter,
+    collate_visual,
+    encode,
+    eval_batches,
+    finetune_main,
+    load_image,
+    pad_lists,
+)
 
 SPLITS = ("train", "val", "testA", "testB", "test")
 
@@ -86,7 +95,8 @@ def read_instances(path: str | Path) -> tuple[dict[int, dict], dict[int, dict], 
     images = {}
     for i, im in enumerate(data.get("images", [])):
         try:
-            images[int(im["id"])] = {"file_name": im["file_name"], "width": int(im["width"]), "height": int(im["height"])}
+            images[int(im["id"])] = {"file_name": im["file_name"], "width": int(im["width"]),
+                                     "height": int(im["height"])}
         except (KeyError, TypeError, ValueError) as e:
             raise RefFormatError(f"{path}: images[{i}]: missing or bad field {e}") from None
     anns, by_image = {}, {}
@@ -111,7 +121,8 @@ def read_detections(path: str | Path) -> dict[int, list[list[float]]]:
                 image_id = int(key if key is not None else det["image_id"])
                 out.setdefault(image_id, []).append(xywh_to_xyxy(det["box"]))
             except (KeyError, TypeError, ValueError) as e:
-                raise RefFormatError(f"{path}: detection {key if key is not None else ''}[{k}]: bad field {e}") from None
+                name = f"[{key!r}][{k}]" if key is not None else f"[{k}]"
+                raise RefFormatError(f"{path}: detection {name}: bad field {e}") from None
     return out
 
 
@@ -177,7 +188,7 @@ class RefSet(SkipCounter):
 
     def batch(self, indices: list[int]) -> dict:
         image_cfg = self.cfg.image
-        visual, labels, ious = [], [], []
+        visual, ious = [], []
         for i in indices:
             item = self.items[i]
             image = self.images[item["image_id"]]
@@ -268,7 +279,8 @@ class RefTask:
                 hits.append(iou >= 0.5)
                 valid = batch["box_mask"][row]
                 chance.append(float((batch["iou"][row][valid] >= 0.5).float().mean()))
-                preds.append({"ref_id": item["ref_id"], "sent_id": item["sent_id"], "box": [round(float(v), 2) for v in box],
+                preds.append({"ref_id": item["ref_id"], "sent_id": item["sent_id"],
+                              "box": [round(float(v), 2) for v in box],
                               "score": float(logits[row, k]), "iou": round(iou, 4)})
         (run_dir / f"predictions_{cfg.eval_split}.json").write_text(json.dumps(preds))
         return {"split": cfg.eval_split, "track": cfg.track, "expressions": len(hits),

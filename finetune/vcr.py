@@ -41,8 +41,17 @@ from torch import nn
 
 from model.heads import BertPredictionHeadTransform
 
-from .common import FinetuneConfig, SkipCounter, collate_visual, copy_transform, encode, eval_batches, finetune_main, \
-    load_image, pad_lists
+from .common import (
+    FinetuneConfig,
+    SkipCounter,
+    collate_visual,
+    copy_transform,
+    encode,
+    eval_batches,
+    finetune_main,
+    load_image,
+    pad_lists,
+)
 
 # R2C's list (and the official VL-BERT code's), "Peyton" twice included: person i gets name i mod 15
 GENDER_NEUTRAL_NAMES = ["Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry", "Jody", "Kendall",

@@ -37,6 +37,7 @@ from model.bert_gen import BertGen
 from model.config import load_config
 from pretrain.engine import EngineConfig, OptimConfig, to_device
 
+from .common import EpochLoader
 from .generate import DecodeConfig, generate
 from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
 
@@ -113,6 +114,9 @@ class VQGSet:
                               max_length=cfg.max_question_tokens - 1)["input_ids"]
         self.question_ids = [ids + [tokenizer.sep_token_id] for ids in questions]
 
+    def __len__(self) -> int:
+        return len(self.pairs)
+
     def references(self) -> dict[str, list[str]]:
         return {im.image_id: im.questions for im in self.images}
 
@@ -137,35 +141,6 @@ class VQGSet:
         out = self.inputs_for([self.pairs[p][0] for p in pair_indices])
         out["target_ids"], out["target_mask"] = pad_ids([torch.tensor(self.question_ids[p]) for p in pair_indices])
         return out
-
-
-class PairLoader:
-    """Epochs over (image, question) pairs: a seeded permutation per epoch, split across ranks, with a
-    resumable position (the engine checkpoints `state_dict()`)."""
-
-    def __init__(self, data: VQGSet, micro_batch: int, seed: int, rank: int = 0, world: int = 1):
-        self.data, self.micro, self.seed, self.rank, self.world = data, micro_batch, seed, rank, world
-        self.epoch, self.position = 0, 0
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return max(1, len(self.data.pairs) // self.world // self.micro)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-
-    def __iter__(self):
-        while True:
-            g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            order = torch.randperm(len(self.data.pairs), generator=g)[self.rank:: self.world].tolist()
-            while self.position < self.batches_per_epoch:
-                start = self.position * self.micro
-                self.position += 1
-                yield self.data.batch(order[start: start + self.micro])
-            self.epoch, self.position = self.epoch + 1, 0
 
 
 def model_inputs(batch: dict) -> dict:
@@ -401,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         gen, record = build_model(cfg, feature_size)
         train = VQGSet(cfg.data.train, cfg.data, tokenizer, captions, features, cfg.inputs)
         micro = max(1, cfg.batch_size // world)
-        loader = PairLoader(train, micro, cfg.seed, rank, world)
+        loader = EpochLoader(train, micro, cfg.seed, rank, world)
         cfg.engine.steps = max(1, math.ceil(cfg.epochs * loader.batches_per_epoch))
         cfg.optim.warmup_steps = int(cfg.warmup_fraction * cfg.engine.steps)
         trainable = sum(p.numel() for p in gen.parameters() if p.requires_grad)

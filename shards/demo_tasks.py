@@ -102,7 +102,7 @@ def write_vqa(raw: Path, seed: int, per_image: int = 5) -> Path:
     out = raw / "vqa"
     out.mkdir(parents=True, exist_ok=True)
     data = {"train2014": ([], []), "val2014": ([], [])}
-    for index, image, world, is_val in _scenes(raw):
+    for index, _image, world, is_val in _scenes(raw):
         split = "val2014" if is_val else "train2014"
         rng = random.Random(seed * 5_000_011 + index)
         questions, annotations = data[split]
@@ -113,7 +113,8 @@ def write_vqa(raw: Path, seed: int, per_image: int = 5) -> Path:
             annotations.append({
                 "question_id": qid, "image_id": index, "answer_type": answer_type, "question_type": question_type,
                 "multiple_choice_answer": answer,
-                "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": j + 1} for j, a in enumerate(answers)]})
+                "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": j + 1}
+                            for j, a in enumerate(answers)]})
     info = {"description": "shapes-world demo in VQA v2 format", "version": "2.0"}
     for split, (questions, annotations) in data.items():
         (out / f"v2_OpenEnded_mscoco_{split}_questions.json").write_text(json.dumps(

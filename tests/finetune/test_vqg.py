@@ -108,21 +108,22 @@ def test_question_metrics_hand_computed():
         assert ptb["Bleu_1"] == pytest.approx(6 / 7, abs=1e-6)
 
 
-def test_pair_loader_resumes_exactly():
-    from finetune.vqg import PairLoader
+def test_epoch_loader_resumes_exactly():
+    from finetune.common import EpochLoader
 
     class Data:
-        pairs = list(range(23))
+        def __len__(self):
+            return 23
 
         def batch(self, idx):
             return idx
 
-    a = PairLoader(Data(), 4, seed=3)
+    a = EpochLoader(Data(), 4, seed=3)
     it = iter(a)
     first = [next(it) for _ in range(7)]  # crosses an epoch (5 batches per epoch)
     state = a.state_dict()
     rest = [next(it) for _ in range(4)]
-    b = PairLoader(Data(), 4, seed=3)
+    b = EpochLoader(Data(), 4, seed=3)
     b.load_state_dict(state)
     it2 = iter(b)
     assert [next(it2) for _ in range(4)] == rest

@@ -1,0 +1,349 @@
+"""VQA, VCR and RefCOCO+: readers on hand-written files in the official formats, the official VQA
+normaliser and accuracy against hand-computed cases, Q->AR accounting, IoU accuracy, the restricted
+unpickler, and each task training from a pretrained export on the demo corpus' task data."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from finetune.common import EpochLoader, ImageConfig, SkipCounter, encode, load_image
+from finetune.refcoco import RefFormatError, read_detections, read_instances, read_refs, safe_pickle_load
+from finetune.vcr import GENDER_NEUTRAL_NAMES, VCRFormatError, q2ar, read_vcr_jsonl, words_of
+from finetune.vqa import build_answer_vocab, normalise_answer, read_vqa, soft_score, vqa_accuracy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- VQA ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, expected", [
+    ("Two dogs.", "2 dogs"),  # number word, final period
+    ("the Red", "red"),  # article dropped, lower case
+    ("isnt", "isn't"),  # contraction restored
+    ("yes!", "yes"),
+    ("1,000", "1000"),  # a comma between digits: punctuation removed, not spaced
+    ("left-hand", "left hand"),  # no space next to '-': replaced by a space
+    ("3.5", "3.5"),  # a period between digits stays
+])
+def test_answer_normalisation(raw, expected):
+    assert normalise_answer(raw) == expected
+
+
+def test_vqa_accuracy_hand_computed():
+    # 3 of 10 say "2": leaving out one of them leaves 2 matches (2/3), leaving out another leaves 3 (1)
+    assert vqa_accuracy("2", ["2"] * 3 + ["3"] * 7) == pytest.approx((3 * 2 / 3 + 7 * 1) / 10)
+    assert vqa_accuracy("3", ["2"] * 3 + ["3"] * 7) == pytest.approx(1.0)
+    assert vqa_accuracy("4", ["2"] * 3 + ["3"] * 7) == 0.0
+    # humans disagree, so the prediction is normalised: "two" -> "2"
+    assert vqa_accuracy("two", ["2"] * 3 + ["3"] * 7) == pytest.approx(0.9)
+    # all ten agree: the official code normalises nothing, and "two" does not match "2"
+    assert vqa_accuracy("two", ["2"] * 10) == 0.0
+    # one match: every subset keeps at most one -> 9/10 * 1/3
+    assert vqa_accuracy("cat", ["cat"] + ["dog"] * 9) == pytest.approx(0.9 / 3)
+    for count in range(11):
+        answers = ["x"] * count + ["y"] * (10 - count)
+        assert soft_score(count) == pytest.approx(vqa_accuracy("x", answers) if count < 10 else 1.0)
+
+
+def _vqa_files(tmp_path):
+    q = tmp_path / "v2_OpenEnded_mscoco_train2014_questions.json"
+    q.write_text(json.dumps({"questions": [
+        {"image_id": 9, "question": "What color?", "question_id": 90},
+        {"image_id": 9, "question": "How many?", "question_id": 91},
+        {"image_id": 4, "question": "Is it?", "question_id": 40}]}))
+    a = tmp_path / "v2_mscoco_train2014_annotations.json"
+    ans = [{"answer": x, "answer_confidence": "yes", "answer_id": i + 1} for i, x in enumerate(["red"] * 10)]
+    a.write_text(json.dumps({"annotations": [
+        {"question_id": 90, "image_id": 9, "answer_type": "other", "question_type": "what color",
+         "multiple_choice_answer": "Red", "answers": ans},
+        {"question_id": 40, "image_id": 4, "answer_type": "yes/no", "question_type": "is it",
+         "multiple_choice_answer": "the red", "answers": ans}]}))
+    return q, a
+
+
+def test_vqa_reader_joins_and_counts_skips(tmp_path):
+    q, a = _vqa_files(tmp_path)
+    skips = SkipCounter()
+    read = read_vqa(q, a, skips)
+    assert [x.question_id for x in read] == [90, 40]
+    assert read[0].answers == ["red"] * 10 and read[0].answer_type == "other" and read[1].question_type == "is it"
+    assert skips.skipped == {"question without annotation": [f"{q}: question_id 91"]}
+    assert build_answer_vocab(read, 2) == ["red"]  # "Red" and "the red" normalise to the same answer
+    assert build_answer_vocab(read, 3) == []
+    q.write_text(json.dumps({"questions": [{"image_id": 9, "question_id": 90}]}))
+    with pytest.raises(ValueError, match=r"questions\[0\].*'question'"):
+        read_vqa(q, a)
+
+
+# --- VCR ------------------------------------------------------------------------------------------------
+
+def test_vcr_references_become_words_with_regions():
+    objects = ["person", "dog", "person", "chair"]
+    words = words_of(["Why", "is", [0, 2], "next", "to", [1], "?"], objects)
+    assert words == [("Why", -1), ("is", -1), ("Casey", 0), ("and", -1), ("Jessie", 2), ("next", -1), ("to", -1),
+                     ("dog", 1), ("?", -1)]
+    many = ["person"] * 17
+    assert words_of([[16]], many) == [(GENDER_NEUTRAL_NAMES[1], 16)]  # cycles through the 15 names
+    with pytest.raises(VCRFormatError, match="outside the 4 objects"):
+        words_of([[4]], objects)
+
+
+def test_vcr_reader(tmp_path):
+    rec = {"question": ["What", "is", [0], "doing", "?"], "answer_choices": [["Sitting", "."]] * 4,
+           "rationale_choices": [[[0], "is", "on", [1], "."]] * 4, "answer_label": 2, "rationale_label": 0,
+           "objects": ["person", "chair"], "img_fn": "movie/a.jpg", "metadata_fn": "movie/a.json", "annot_id": "val-0"}
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps(rec) + "\n\n" + json.dumps({**rec, "annot_id": "val-1"}) + "\n")
+    assert [r["annot_id"] for r in read_vcr_jsonl(path, need_labels=True)] == ["val-0", "val-1"]
+    bad = dict(rec)
+    del bad["rationale_label"]
+    path.write_text(json.dumps(rec) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(VCRFormatError, match=r"val.jsonl:2: missing \['rationale_label'\]"):
+        read_vcr_jsonl(path, need_labels=True)
+    assert len(read_vcr_jsonl(path, need_labels=False)) == 2  # the test split has no labels
+
+
+def test_q2ar_counts_a_question_right_only_when_both_are():
+    qa = {"a": {"probs": [0.7, 0.1, 0.1, 0.1], "label": 0}, "b": {"probs": [0.1, 0.7, 0.1, 0.1], "label": 1},
+          "c": {"probs": [0.1, 0.1, 0.7, 0.1], "label": 0}, "d": {"probs": [0.1, 0.1, 0.1, 0.7], "label": 3}}
+    qar = {"a": {"probs": [0.1, 0.9, 0.0, 0.0], "label": 1}, "b": {"probs": [0.9, 0.1, 0.0, 0.0], "label": 1},
+           "c": {"probs": [0.9, 0.1, 0.0, 0.0], "label": 0}, "d": {"probs": [0.0, 0.0, 0.9, 0.1], "label": 2}}
+    m = q2ar(qa, qar)
+    # Q->A right: a, b, d; QA->R right: a, c, d; both: a, d
+    assert (m["questions"], m["q2a"], m["qa2r"], m["q2ar"]) == (4, 75.0, 75.0, 50.0)
+
+
+# --- RefCOCO+ ---------------------------------------------------------------------------------------------
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_refs_pickle_is_read_without_running_code(tmp_path):
+    refs = [{"sent_ids": [7], "file_name": "COCO_train2014_000000000009_1.jpg", "ann_id": 5, "ref_id": 0,
+             "image_id": 9, "split": "testA", "sentences": [{"tokens": ["red", "cup"], "raw": "Red cup",
+                                                             "sent_id": 7, "sent": "red cup"}], "category_id": 47}]
+    path = tmp_path / "refs(unc).p"
+    path.write_bytes(pickle.dumps(refs, protocol=2))
+    assert read_refs(path) == refs
+    path.write_bytes(pickle.dumps([_Evil()]))
+    with pytest.raises(RefFormatError, match="refused to load .*system"):
+        safe_pickle_load(path)
+    path.write_bytes(pickle.dumps([{"ref_id": 1}], protocol=2))
+    with pytest.raises(RefFormatError, match=r"refs\[0\] lacks"):
+        read_refs(path)
+
+
+def test_instances_and_detections_formats(tmp_path):
+    inst = tmp_path / "instances.json"
+    inst.write_text(json.dumps({"images": [{"id": 9, "file_name": "a.jpg", "width": 100, "height": 80}],
+                                "annotations": [{"id": 5, "image_id": 9, "bbox": [10, 20, 30, 40], "category_id": 1}]}))
+    images, anns, by_image = read_instances(inst)
+    assert anns[5]["box"] == [10, 20, 40, 60] and by_image == {9: [5]} and images[9]["width"] == 100
+    dets = tmp_path / "dets.json"
+    dets.write_text(json.dumps([{"det_id": 0, "image_id": 9, "box": [1, 2, 3, 4], "score": 0.9}]))
+    assert read_detections(dets) == {9: [[1, 2, 4, 6]]}
+    dets.write_text(json.dumps({"9": [{"box": [1, 2, 3, 4], "score": 0.9}]}))
+    assert read_detections(dets) == {9: [[1, 2, 4, 6]]}
+
+
+def test_refcoco_accuracy_at_iou_half(tmp_path):
+    """Two candidate regions, IoU 0.6 and 0.4 with the referred box by hand: choosing the first scores, the
+    second does not; chance is 1 of 2."""
+    from PIL import Image
+
+    from finetune.refcoco import RefConfig, RefSet, RefTask
+
+    Image.new("RGB", (100, 100)).save(tmp_path / "a.jpg")
+    # target [0, 0, 50, 60] (area 3000); region A [0, 0, 50, 36]: inter 1800, union 3000 -> 0.6;
+    # region B [0, 0, 50, 24]: inter 1200, union 3000 -> 0.4
+    (tmp_path / "instances.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 100, "height": 100}],
+        "annotations": [{"id": 3, "image_id": 1, "bbox": [0, 0, 50, 60], "category_id": 1}]}))
+    (tmp_path / "dets.json").write_text(json.dumps([{"image_id": 1, "box": [0, 0, 50, 36]},
+                                                    {"image_id": 1, "box": [0, 0, 50, 24]}]))
+    (tmp_path / "refs.p").write_bytes(pickle.dumps([{"ref_id": 0, "ann_id": 3, "image_id": 1, "split": "val",
+                                                     "sentences": [{"sent": "it", "sent_id": 0}]}], protocol=2))
+    cfg = RefConfig(track="detected", eval_split="val")
+    cfg.data.refs, cfg.data.instances, cfg.data.detections = (str(tmp_path / n) for n in ("refs.p", "instances.json",
+                                                                                           "dets.json"))
+    cfg.image = ImageConfig(root=str(tmp_path), short_side=0)
+
+    class Tok:
+        def __call__(self, texts, **kw):
+            return {"input_ids": [[5] for _ in texts]}
+
+    data = RefSet(cfg, "val", Tok(), train=False)
+    assert data.batch([0])["iou"][0].tolist() == pytest.approx([0.6, 0.4])
+
+    class Prefers(torch.nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+
+        def logits(self, batch):
+            return torch.nn.functional.one_hot(torch.tensor([self.k]), 2).float()
+
+    for k, expected in ((0, 100.0), (1, 0.0)):
+        m = RefTask.evaluate(Prefers(k), data, cfg, tmp_path, "cpu")
+        assert m["accuracy"] == expected and m["chance"] == 50.0
+
+
+def test_box_outside_the_image_names_the_record(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (40, 30)).save(tmp_path / "x.jpg")
+    cfg = ImageConfig(root=str(tmp_path), short_side=0)
+    image, boxes = load_image(tmp_path / "x.jpg", np.array([[0, 0, 41, 30]]), cfg, "q 1")  # within tolerance
+    assert boxes.tolist() == [[0, 0, 40, 30]] and image.shape == (3, 30, 40)
+    with pytest.raises(ValueError, match=r"question_id 7: box 1 .* outside the 40x30 image"):
+        load_image(tmp_path / "x.jpg", np.array([[0, 0, 10, 10], [5, 5, 60, 20]]), cfg, "question_id 7")
+
+
+# --- shared plumbing ------------------------------------------------------------------------------------------
+
+def test_words_take_their_objects_region():
+    """encode() places a_region/b_region like the words: [CLS] a0 a1 [SEP] b0 [SEP] -> -1 0 -1 -1 1 -1."""
+    from model.config import model_config
+    from model.vl_bert import VLBert
+
+    seen = {}
+    vl_bert = VLBert(model_config("tiny")).eval()
+    original = vl_bert.forward
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    vl_bert.forward = spy
+    batch = {"a_ids": torch.tensor([[20, 21]]), "a_mask": torch.ones(1, 2, dtype=torch.bool),
+             "b_ids": torch.tensor([[22, 0]]), "b_mask": torch.tensor([[True, False]]),
+             "a_region": torch.tensor([[0, -1]]), "b_region": torch.tensor([[1, -1]]),
+             "images": torch.zeros(1, 3, 64, 64, dtype=torch.uint8), "image_sizes": torch.tensor([[64, 64]]),
+             "boxes": torch.tensor([[[0., 0, 20, 20], [10, 10, 40, 40]]]),
+             "box_mask": torch.ones(1, 2, dtype=torch.bool)}
+    encode(vl_bert, batch)
+    assert seen["word_region_index"].tolist() == [[-1, 0, -1, -1, 1, -1]]
+
+
+def test_epoch_loader_workers_give_the_same_batches():
+    class Data:
+        def __len__(self):
+            return 10
+
+        def batch(self, idx):
+            return {"idx": torch.tensor(idx)}
+
+    def take(loader, n):
+        it = iter(loader)
+        return [next(it)["idx"].tolist() for _ in range(n)]
+
+    assert take(EpochLoader(Data(), 3, seed=1, num_workers=1), 5) == take(EpochLoader(Data(), 3, seed=1), 5)
+
+
+# --- training each task from a pretrained export ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    """A tiny VL-BERT export (real WordPiece vocabulary, ResNet-18 detector) as pretraining leaves one."""
+    from model.config import model_config
+    from model.export import save_pretrained
+    from model.vl_bert import VLBertForPretraining
+    from shards.tokenizer import resolve_bert_dir
+
+    cfg = model_config("tiny", updates={"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102,
+                                        "mask_token_id": 103, "img_token_id": 1, "end_token_id": 2,
+                                        "visual_ln_init": 1.0, "fast_rcnn": {"roi_output_size": 4}})
+    torch.manual_seed(0)
+    model = VLBertForPretraining(cfg)
+    out = tmp_path_factory.mktemp("export") / "export"
+    save_pretrained(model.state_dict(), cfg, out, resolve_bert_dir(None))
+    return out
+
+
+def test_pretrained_export_loads_into_each_task(tiny_export):
+    from safetensors.torch import load_file
+
+    from finetune.common import BackboneConfig, build_pretrained
+
+    model, tok_dir, source = build_pretrained(BackboneConfig(init=str(tiny_export)))
+    saved = load_file(str(tiny_export / "model.safetensors"))
+    own = model.state_dict()
+    assert all(torch.equal(own[k], v) for k, v in saved.items())
+    assert tok_dir == str(tiny_export) and "VL-BERT export" in source
+
+
+def run_task(module: str, run_dir: Path, *overrides: str) -> None:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", module, "image.short_side=64", "image.long_side=96", "image.max_regions=8",
+           "batch_size=4", "optim.lr=1e-3", "warmup_fraction=0", "optim.weight_decay=0", "max_eval_examples=8",
+           "eval_batch_size=4", f"engine.run_dir={run_dir}", "engine.progress=false", "engine.zero_stage=0",
+           "engine.precision=fp32", "engine.log_every=1", "engine.checkpoint_every=1000", *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss/total"] for line in open(run_dir / "metrics.jsonl")]
+
+
+def test_vqa_trains_from_an_export_and_predicts(demo_corpus, tiny_export, tmp_path):
+    from finetune.infer import Predictor
+
+    raw = demo_corpus / "raw"
+    run = tmp_path / "vqa"
+    run_task("finetune.vqa", run, f"backbone.init={tiny_export}", f"image.root={raw}", f"data.root={raw}/vqa",
+             f"data.boxes={raw}/boxes.jsonl", "data.answer_min_count=1", "epochs=0.4", "eval_split=val2014")
+    loss = losses(run)
+    assert np.mean(loss[-3:]) < np.mean(loss[:3])
+    metrics = json.loads((run / "metrics_val2014.json").read_text())
+    assert metrics["questions"] == 8 and 0 <= metrics["overall"] <= 100
+    assert set(metrics["per_answer_type"]) <= {"yes/no", "number", "other"}
+    results = json.loads((run / "results_val2014.json").read_text())
+    assert set(results[0]) == {"question_id", "answer"}
+    # one example through the saved model answers what the evaluation answered
+    questions = json.loads((raw / "vqa/v2_OpenEnded_mscoco_val2014_questions.json").read_text())["questions"]
+    q = next(x for x in questions if x["question_id"] == results[0]["question_id"])
+    boxes = next(json.loads(line)["boxes"] for line in open(raw / "boxes.jsonl")
+                 if json.loads(line)["image"] == f"images/{q['image_id']:06d}.jpg")
+    pred = Predictor(run / "model", device="cpu")
+    assert pred.answer(raw / f"images/{q['image_id']:06d}.jpg", q["question"], boxes)["answer"] == results[0]["answer"]
+
+
+def test_refcoco_trains_from_an_export(demo_corpus, tiny_export, tmp_path):
+    raw = demo_corpus / "raw"
+    run = tmp_path / "ref"
+    run_task("finetune.refcoco", run, f"backbone.init={tiny_export}", f"image.root={raw}/images",
+             f"data.refs={raw}/refcoco+/refs(unc).p", f"data.instances={raw}/refcoco+/instances.json",
+             f"data.detections={raw}/refcoco+/dets.json", "track=detected", "epochs=0.2", "eval_split=val")
+    loss = losses(run)
+    assert np.mean(loss[-3:]) < np.mean(loss[:3])
+    metrics = json.loads((run / "metrics_val.json").read_text())
+    assert metrics["track"] == "detected" and 0 < metrics["chance"] < 100
+
+
+def test_vcr_trains_both_subtasks_and_combines(demo_corpus, tiny_export, tmp_path):
+    raw = demo_corpus / "raw"
+    for subtask in ("qa", "qar"):
+        run = tmp_path / subtask
+        run_task("finetune.vcr", run, f"backbone.init={tiny_export}", f"data.root={raw}/vcr", f"data.images={raw}",
+                 f"subtask={subtask}", "epochs=0.3", "batch_size=2", "eval_split=val")
+        loss = losses(run)
+        assert np.mean(loss[-3:]) < np.mean(loss[:3]), loss
+        assert json.loads((run / "metrics_val.json").read_text())["subtask"] == subtask
+    from finetune.vcr import main
+
+    assert main(["--combine", str(tmp_path / "qa/predictions_val.json"), str(tmp_path / "qar/predictions_val.json"),
+                 "--out", str(tmp_path / "q2ar.json")]) == 0
+    m = json.loads((tmp_path / "q2ar.json").read_text())
+    assert m["questions"] == 8 and m["q2ar"] <= min(m["q2a"], m["qa2r"])
