@@ -7,9 +7,12 @@ gpus="${NUM_GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2
 
 # The demo configs read data/demo and start from the demo pretraining export: build the corpus if it is
 # missing, and without an export start from the packaged BERT (vision layers new) and say so.
+need_config() {
+  [ -f "$1" ] || { echo "launch: config '$1' not found" >&2; exit 2; }
+}
+
 demo_init() {  # config -> extra overrides on stdout
   local config="$1"
-  [ -f "$config" ] || { echo "launch: config '$config' not found" >&2; exit 2; }
   if grep -q "data/demo" "$config"; then
     python -m shards.demo --out data/demo >&2
     if grep -q "init: runs/demo/export" "$config" && [ ! -f runs/demo/export/config.yaml ]; then

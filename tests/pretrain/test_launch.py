@@ -1,4 +1,5 @@
 import ast
+import os
 import subprocess
 from pathlib import Path
 
@@ -47,3 +48,26 @@ def test_demo_config_runs_the_periodic_diagnostic():
     cfg = load_config(PretrainConfig, ROOT / "launch/configs/demo.yaml")
     assert cfg.engine.eval_every > 0 and cfg.diagnostic is not None
     assert Path(cfg.diagnostic.flickr_root).parts[:2] == ("data", "demo")
+
+
+@pytest.mark.parametrize("task", ["vqa", "vcr", "refcoco"])
+def test_finetune_launchers_and_configs(task):
+    import importlib
+
+    out = subprocess.run(["bash", str(ROOT / f"launch/finetune_{task}.sh"), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and f"finetune_{task}.sh" in out.stdout
+    bad = subprocess.run(["bash", str(ROOT / f"launch/finetune_{task}.sh")], capture_output=True, text=True,
+                         env={**os.environ, "CONFIG": "nope.yaml"})
+    assert bad.returncode == 2 and "nope.yaml" in bad.stderr
+    module = importlib.import_module(f"finetune.{task}")
+    spec = getattr(module, {"vqa": "VQATask", "vcr": "VCRTask", "refcoco": "RefTask"}[task])
+    paper = load_config(spec.config_cls, ROOT / f"launch/configs/{task}_paper.yaml")
+    load_config(spec.config_cls, ROOT / f"launch/configs/{task}_demo.yaml")
+    # the paper's A.2: 20 epochs of 256; VCR by SGD (lr 5e-3, x0.1 at epochs 14 and 18), the others Adam 1e-4
+    assert (paper.epochs, paper.batch_size) == (20, 256)
+    if task == "vcr":
+        assert (paper.optim.optimizer, paper.optim.lr, paper.decay_epochs, paper.optim.warmup_steps) == \
+            ("sgd", 5e-3, [14, 18], 1000)
+    else:
+        assert (paper.optim.optimizer, paper.optim.lr) == ("adamw", 1e-4)
+        assert paper.optim.warmup_steps == {"vqa": 2000, "refcoco": 500}[task]

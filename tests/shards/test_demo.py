@@ -1,6 +1,9 @@
 import json
 import random
 import re
+from pathlib import Path
+
+import pytest
 
 from shards import shapes_world as sw
 from shards.reader import StreamConfig, StreamLoader
@@ -94,3 +97,47 @@ def test_demo_vqg_data_in_vqg_coco_format_and_answerable(demo_corpus):
                     assert sum(o["category"] == m.group(1) for o in visible) == 1
                 if q == "what is under the cloth?":
                     assert any(o["covered"] for o in scene["objects"])
+
+
+def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
+    """VQA answers, VCR labels and RefCOCO+ referents, read by the tasks' own readers, agree with the
+    scene annotations they were drawn from."""
+    from finetune.refcoco import read_instances, read_refs
+    from finetune.vcr import read_vcr_jsonl
+    from finetune.vqa import read_vqa
+    from shards.shapes_world import CATEGORIES
+
+    raw = demo_corpus / "raw"
+    scenes = {int(json.loads(line)["image"][7:13]): json.loads(line) for line in open(raw / "scenes.jsonl")}
+    val = {int(line.split("\t")[1].strip()[7:13]) for line in open(raw / "captions_val.tsv") if line.strip()}
+    for split in ("train2014", "val2014"):
+        qs = read_vqa(raw / f"vqa/v2_OpenEnded_mscoco_{split}_questions.json",
+                      raw / f"vqa/v2_mscoco_{split}_annotations.json")
+        assert qs and all((q.image_id in val) == (split == "val2014") for q in qs)
+        for q in qs:
+            objs = scenes[q.image_id]["objects"]
+            assert len(q.answers) == 10
+            if q.question == "how many shapes are there?":
+                assert q.multiple_choice_answer == str(len(objs))
+            m = re.fullmatch(r"what color is the (\w+)\?", q.question)
+            if m:
+                assert [o["colour"] for o in objs if o["category"] == m.group(1) and not o["covered"]] == \
+                    [q.multiple_choice_answer]
+    labelled = read_vcr_jsonl(raw / "vcr/val.jsonl", need_labels=True)
+    assert labelled and all("answer_label" not in r for r in read_vcr_jsonl(raw / "vcr/test.jsonl", False))
+    for r in labelled:
+        scene = scenes[int(Path(r["img_fn"]).stem)]
+        meta = json.loads((raw / r["metadata_fn"]).read_text())
+        assert [b[:4] for b in meta["boxes"]] == [o["box"] for o in scene["objects"]]
+        answer = r["answer_choices"][r["answer_label"]]
+        if r["question"][:2] == ["what", "color"]:
+            assert answer[2] == scene["objects"][r["question"][3][0]]["colour"]
+    images, anns, _ = read_instances(raw / "refcoco+/instances.json")
+    refs = read_refs(raw / "refcoco+/refs(unc).p")
+    assert {r["split"] for r in refs} >= {"train", "val"}
+    for ref in refs:
+        obj = scenes[ref["image_id"]]["objects"][ref["ann_id"] % 100]
+        assert anns[ref["ann_id"]]["box"] == pytest.approx(obj["box"], abs=1e-6)
+        assert CATEGORIES[ref["category_id"] - 1] == obj["category"]
+        assert all(obj["category"] in s["sent"] or obj["colour"] in s["sent"] or s["sent"] == "grey cloth"
+                   for s in ref["sentences"])
