@@ -347,3 +347,32 @@ def test_vcr_trains_both_subtasks_and_combines(demo_corpus, tiny_export, tmp_pat
                  "--out", str(tmp_path / "q2ar.json")]) == 0
     m = json.loads((tmp_path / "q2ar.json").read_text())
     assert m["questions"] == 8 and m["q2ar"] <= min(m["q2a"], m["qa2r"])
+
+
+def test_vqa_split_files(tmp_path):
+    from finetune.vqa import VQADataConfig, split_files
+
+    q, a = _vqa_files(tmp_path)
+    cfg = VQADataConfig(root=str(tmp_path))
+    assert split_files(cfg, "train2014") == (q, a)
+    (tmp_path / "v2_OpenEnded_mscoco_test-dev2015_questions.json").write_text(q.read_text())
+    assert split_files(cfg, "test-dev2015")[1] is None  # test splits come without annotations
+    with pytest.raises(FileNotFoundError, match="VQA split 'val2014': questions file .* not found"):
+        split_files(cfg, "val2014")
+    (tmp_path / "v2_OpenEnded_mscoco_val2014_questions.json").write_text(q.read_text())
+    with pytest.raises(FileNotFoundError, match="VQA split 'val2014': annotations file"):
+        split_files(cfg, "val2014")
+
+
+def test_vcr_paper_schedule_sgd_with_step_decay():
+    """A.2 for VCR: linear warm-up over 1,000 steps from 0, then x0.1 at each milestone."""
+    from pretrain.engine import OptimConfig, build_optimizer
+
+    cfg = OptimConfig(optimizer="sgd", lr=5e-3, momentum=0.9, weight_decay=1e-4, warmup_steps=1000, schedule="step",
+                      decay_steps=[14000, 18000], decay_factor=0.1)
+    opt, factor = build_optimizer(torch.nn.Linear(2, 2), cfg, 20000)
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
+    assert [factor(s) for s in (0, 500, 1000, 13999, 14000, 17999, 18000)] == pytest.approx(
+        [0.0, 0.5, 1.0, 1.0, 0.1, 0.1, 0.01])
+    with pytest.raises(ValueError, match="optim.schedule"):
+        build_optimizer(torch.nn.Linear(2, 2), OptimConfig(schedule="cosine"), 10)
