@@ -11,7 +11,7 @@ runs="${RUNS:-runs/refcoco}"
 track=gt
 for arg in "$@"; do case "$arg" in track=*) track="${arg#track=}" ;; esac; done
 need_config "$config"
-mapfile -t extra < <(demo_init "$config")
+mapfile -t extra < <(demo_init "$config" "$@")
 run_module finetune.refcoco --config "$config" engine.run_dir="$runs/$track" eval_split=val \
   ${extra[@]+"${extra[@]}"} "$@"
 for split in testA testB; do

@@ -11,7 +11,7 @@ runs="${RUNS:-runs/vcr}"
 split=val
 for arg in "$@"; do case "$arg" in eval_split=*) split="${arg#eval_split=}" ;; esac; done
 need_config "$config"
-mapfile -t extra < <(demo_init "$config")
+mapfile -t extra < <(demo_init "$config" "$@")
 for subtask in qa qar; do
   run_module finetune.vcr --config "$config" subtask="$subtask" engine.run_dir="$runs/$subtask" \
     ${extra[@]+"${extra[@]}"} "$@"

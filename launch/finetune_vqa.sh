@@ -9,5 +9,5 @@ case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | cut -c3-; exit 0 ;; esac
 config="${CONFIG:-launch/configs/vqa_demo.yaml}"
 runs="${RUNS:-runs/vqa}"
 need_config "$config"
-mapfile -t extra < <(demo_init "$config")
+mapfile -t extra < <(demo_init "$config" "$@")
 run_module finetune.vqa --config "$config" engine.run_dir="$runs/demo" ${extra[@]+"${extra[@]}"} "$@"
