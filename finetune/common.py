@@ -233,6 +233,14 @@ class EpochLoader:
             self.epoch, self.position = self.epoch + 1, 0
 
 
+def count_batch(batch: dict) -> dict[str, float]:
+    """Throughput counts of a task batch: images (= examples; VCR's 4 candidates share one), and tokens
+    (every sequence's words and the regions)."""
+    n = float(batch["box_mask"].shape[0])
+    tokens = batch["a_mask"].sum() + batch["box_mask"].sum() + (batch["b_mask"].sum() if "b_mask" in batch else 0)
+    return {"samples": n, "images": n, "tokens": float(tokens)}
+
+
 def eval_batches(data, batch_size: int, limit: int = 0, desc: str = "evaluate"):
     from tqdm import tqdm
 
@@ -246,28 +254,27 @@ def eval_batches(data, batch_size: int, limit: int = 0, desc: str = "evaluate"):
 
 def save_task_model(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path, tokenizer_dir: str,
                     task: dict) -> Path:
-    from safetensors.torch import save_file
-
     from model.export import save_pretrained
 
-    save_pretrained({}, module.vl_bert.cfg, path, tokenizer_dir)  # config.yaml and the tokenizer
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in state.items()}, str(path / "model.safetensors"))
+    save_pretrained(state, module.vl_bert.cfg, path, tokenizer_dir)
     (path / "task.json").write_text(json.dumps(task, indent=1))
     return path
 
 
 def load_task_model(path: str | Path, build):
-    """`build(model_cfg, task_info) -> module`; the weights must match it exactly."""
+    """`build(vl_bert, task_info) -> module` around a VLBert of the saved config; the weights must match
+    it exactly."""
     from safetensors.torch import load_file
 
     from model.export import load_config_dir
+    from model.vl_bert import VLBert
 
     path = Path(path)
     try:
         task = json.loads((path / "task.json").read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no task.json (not a finetuned model directory)") from None
-    module = build(load_config_dir(path), task)
+    module = build(VLBert(load_config_dir(path)), task)
     module.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
     return module.eval(), task
 
@@ -276,9 +283,9 @@ def load_task_model(path: str | Path, build):
 
 def finetune_main(spec, argv: list[str] | None) -> int:
     """The train-then-evaluate flow of every task. `spec` provides: name, config_cls, doc,
-    build_module(pretrained, cfg, train_set) -> (module, task_info), rebuild(model_cfg, task_info),
-    datasets(cfg, tokenizer, task_info) -> (train_set or None, eval_set),
-    evaluate(module, eval_set, cfg, run_dir, device) -> metrics dict, count_batch(batch)."""
+    dataset(cfg, tokenizer, task_info, train) -> the training set (task_info None) or cfg.eval_split's,
+    build_module(pretrained, cfg, train_set) -> (module, task_info), rebuild(vl_bert, task_info) -> module,
+    evaluate(module, eval_set, cfg, run_dir, device) -> metrics dict, summary(metrics) -> str."""
     p = argparse.ArgumentParser(description=f"VL-BERT finetuning: {spec.name}", epilog=spec.doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help=f"{spec.config_cls.__name__} YAML (see launch/configs/{spec.name}_*.yaml)")
@@ -302,7 +309,7 @@ def finetune_main(spec, argv: list[str] | None) -> int:
     else:
         pretrained, tok_dir, source = build_pretrained(cfg.backbone)
         tokenizer = load_tokenizer(tok_dir)
-        train, _ = spec.datasets(cfg, tokenizer, None, train=True)
+        train = spec.dataset(cfg, tokenizer, None, train=True)
         module, info = spec.build_module(pretrained, cfg, train)
         micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)
         loader = EpochLoader(train, micro, cfg.seed, rank, world, cfg.num_workers)
@@ -313,12 +320,12 @@ def finetune_main(spec, argv: list[str] | None) -> int:
         if cfg.decay_epochs:
             cfg.optim.decay_steps = [int(e * steps_per_epoch) for e in cfg.decay_epochs]
         record = {"task": spec.name, "init": source, "train_examples": len(train), "steps": cfg.engine.steps,
-                  "skipped": train.skip_counts()}
+                  "skipped": dict(train.skips.reasons)}
         if rank == 0:
             print(f"{spec.name}: from {source}; {len(train)} training examples "
-                  f"({train.skip_counts() or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
+                  f"({dict(train.skips.reasons) or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
         cfg.engine.progress_label = spec.name
-        engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=spec.count_batch,
+        engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=count_batch,
                         run_info={"config": asdict(cfg), "finetune": record})
         engine.train(resume=args.resume)
         state = engine.consolidated_state_dict()
@@ -328,23 +335,10 @@ def finetune_main(spec, argv: list[str] | None) -> int:
             module, info = load_task_model(run_dir / "model", spec.rebuild)  # evaluate what was saved
     if rank == 0:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        _, data = spec.datasets(cfg, tokenizer, info, train=False)
+        data = spec.dataset(cfg, tokenizer, info, train=False)
         metrics = spec.evaluate(module.to(device), data, cfg, run_dir, device)
-        metrics["skipped"] = data.skip_counts()
+        metrics["skipped"] = data.skips.as_dict()["skipped"]
         (run_dir / f"metrics_{cfg.eval_split}.json").write_text(json.dumps(metrics, indent=1))
         print(f"{spec.name} on {cfg.eval_split}: {spec.summary(metrics)}\noutputs: {run_dir}", flush=True)
     torch.distributed.barrier()
     return 0
-
-
-class SkipCounter:
-    """Records skipped input by reason, naming each record, as every task's reader does."""
-
-    def __init__(self):
-        self.skipped: dict[str, list[str]] = {}
-
-    def skip(self, reason: str, record: str) -> None:
-        self.skipped.setdefault(reason, []).append(record)
-
-    def skip_counts(self) -> dict[str, int]:
-        return {k: len(v) for k, v in self.skipped.items()}

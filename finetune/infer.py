@@ -28,7 +28,7 @@ import torch
 from .common import ImageConfig, collate_visual, load_image, load_task_model, pad_lists
 
 
-def _rebuild(model_cfg, info: dict):
+def _rebuild(vl_bert, info: dict):
     task = info.get("task")
     if task == "vqa":
         from .vqa import VQATask as spec
@@ -38,7 +38,7 @@ def _rebuild(model_cfg, info: dict):
         from .vcr import VCRTask as spec
     else:
         raise ValueError(f"task.json names an unknown task '{task}'")
-    return spec.rebuild(model_cfg, info)
+    return spec.rebuild(vl_bert, info)
 
 
 def vcr_tokens(text: str) -> list:

@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import box_iou
+from shards.skips import SkipLog
 
 from .common import (
     FinetuneConfig,
-    SkipCounter,
     collate_visual,
     encode,
     eval_batches,
@@ -144,11 +144,11 @@ class RefConfig(FinetuneConfig):
     classifier_dropout: float = 0.1
 
 
-class RefSet(SkipCounter):
+class RefSet:
     """One example per (ref, sentence) of a split, with its candidate regions."""
 
     def __init__(self, cfg: RefConfig, split: str, tokenizer, train: bool):
-        super().__init__()
+        self.skips = SkipLog("examples")
         if split not in SPLITS:
             raise ValueError(f"RefCOCO split '{split}' is not one of {SPLITS}")
         if cfg.track not in ("gt", "detected"):
@@ -165,21 +165,21 @@ class RefSet(SkipCounter):
             image_id, ann_id = int(ref["image_id"]), int(ref["ann_id"])
             where = f"{cfg.data.refs}: ref_id {ref['ref_id']}"
             if image_id not in self.images or ann_id not in anns:
-                self.skip("image or annotation not in instances", where)
+                self.skips.skip("image or annotation not in instances", where)
                 continue
             if image_id not in self.regions:
                 gt = [anns[a]["box"] for a in by_image.get(image_id, [])]
                 boxes = gt if cfg.track == "gt" else dets.get(image_id, []) + (gt if train else [])
                 self.regions[image_id] = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)[: cfg.image.max_regions]
             if len(self.regions[image_id]) == 0:
-                self.skip("image without candidate regions", where)
+                self.skips.skip("image without candidate regions", where)
                 continue
             for s in ref["sentences"]:
                 self.items.append({"ref_id": ref["ref_id"], "sent_id": s["sent_id"], "image_id": image_id,
                                    "target": anns[ann_id]["box"]})
                 texts.append(s["sent"])
         if not self.items:
-            raise ValueError(f"RefCOCO {split}: no usable examples ({self.skip_counts()})")
+            raise ValueError(f"RefCOCO {split}: no usable examples ({dict(self.skips.reasons)})")
         self.query_ids = tokenizer(texts, add_special_tokens=False, truncation=True,
                                    max_length=cfg.data.max_query_tokens)["input_ids"]
 
@@ -228,7 +228,9 @@ class RefModel(nn.Module):
     def forward(self, batch: dict):
         logits = self.logits(batch)
         valid = batch["box_mask"]
-        loss = F.binary_cross_entropy_with_logits(logits[valid], batch["label"][valid])
+        # the mean over real regions, by weights rather than boolean indexing (which syncs with the host)
+        loss = F.binary_cross_entropy_with_logits(logits.masked_fill(~valid, 0.0), batch["label"], weight=valid.float(),
+                                                  reduction="sum") / valid.sum().clamp(min=1)
         hit = batch["iou"].gather(1, logits.argmax(1, keepdim=True)) >= 0.5
         return loss, {"loss/total": loss.detach(), "acc/iou_0.5": hit.float().mean().detach()}
 
@@ -239,10 +241,8 @@ class RefTask:
     doc = __doc__
 
     @staticmethod
-    def datasets(cfg: RefConfig, tokenizer, info: dict | None, train: bool):
-        if train:
-            return RefSet(cfg, "train", tokenizer, train=True), None
-        return None, RefSet(cfg, cfg.eval_split, tokenizer, train=False)
+    def dataset(cfg: RefConfig, tokenizer, info: dict | None, train: bool):
+        return RefSet(cfg, "train" if train else cfg.eval_split, tokenizer, train=train)
 
     @staticmethod
     def build_module(pretrained, cfg: RefConfig, train: RefSet):
@@ -251,15 +251,8 @@ class RefTask:
             "image": vars(cfg.image), "max_query_tokens": cfg.data.max_query_tokens}
 
     @staticmethod
-    def rebuild(model_cfg, info: dict):
-        from model.vl_bert import VLBert
-
-        return RefModel(VLBert(model_cfg), info["classifier_dropout"])
-
-    @staticmethod
-    def count_batch(batch: dict) -> dict[str, float]:
-        n = float(batch["a_ids"].shape[0])
-        return {"samples": n, "images": n, "tokens": float(batch["a_mask"].sum() + batch["box_mask"].sum())}
+    def rebuild(vl_bert, info: dict):
+        return RefModel(vl_bert, info["classifier_dropout"])
 
     @staticmethod
     @torch.no_grad()

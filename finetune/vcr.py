@@ -40,10 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.heads import BertPredictionHeadTransform
+from shards.skips import SkipLog
 
 from .common import (
     FinetuneConfig,
-    SkipCounter,
     collate_visual,
     copy_transform,
     encode,
@@ -139,9 +139,9 @@ class VCRConfig(FinetuneConfig):
     classifier_dropout: float = 0.1
 
 
-class VCRSet(SkipCounter):
+class VCRSet:
     def __init__(self, cfg: VCRConfig, split: str, tokenizer, object_classes: list[str] | None = None):
-        super().__init__()
+        self.skips = SkipLog("examples")
         if cfg.subtask not in ("qa", "qar"):
             raise ValueError(f"subtask: '{cfg.subtask}' is not qa or qar")
         self.cfg, self.split = cfg, split
@@ -169,7 +169,7 @@ class VCRSet(SkipCounter):
                 else:
                     answer = r["answer_label"] if labelled else chosen.get(r["annot_id"])
                     if answer is None:
-                        self.skip("no Q->A prediction for QA->R", f"{r['where']} ({r['annot_id']})")
+                        self.skips.skip("no Q->A prediction for QA->R", f"{r['where']} ({r['annot_id']})")
                         continue
                     a_words = q + words_of(r["answer_choices"][answer], r["objects"])
                     choices, label = r["rationale_choices"], r.get("rationale_label")
@@ -183,7 +183,7 @@ class VCRSet(SkipCounter):
                 "b": [tuple(x[: cfg.data.max_b_tokens] for x in b) for b in bs], "label": label,
                 "classes": [class_index.get(n, -1) for n in r["objects"][:m]]})
         if not self.items:
-            raise ValueError(f"VCR {split}: no usable questions ({self.skip_counts()})")
+            raise ValueError(f"VCR {split}: no usable questions ({dict(self.skips.reasons)})")
         self.labelled = labelled
 
     def __len__(self) -> int:
@@ -265,9 +265,11 @@ class VCRModel(nn.Module):
             target = batch["region_class"].repeat_interleave(4, 0)
             pick = masked.repeat_interleave(4, 0) & (target >= 0)
             regions = out.region_hidden[:, 1:]  # element 0 is the whole image
-            logits = self.roi_classifier(self.roi_transform(regions[pick]))
-            # an empty selection (nothing masked in this batch) gives 0, not NaN, and no host sync
-            mrc = F.cross_entropy(logits, target[pick], reduction="sum") / pick.sum().clamp(min=1)
+            # every region is scored and the masked ones weighted in: boolean indexing would sync with the
+            # host; an empty selection (nothing masked in this batch) gives 0, not NaN
+            logits = self.roi_classifier(self.roi_transform(regions))
+            per_region = F.cross_entropy(logits.flatten(0, 1), target.clamp(min=0).flatten(), reduction="none")
+            mrc = (per_region * pick.flatten()).sum() / pick.sum().clamp(min=1)
             loss = loss + s["mrc_weight"] * mrc
             metrics["loss/masked_roi"] = mrc.detach()
         metrics["loss/total"] = loss.detach()
@@ -280,13 +282,13 @@ class VCRTask:
     doc = __doc__
 
     @staticmethod
-    def datasets(cfg: VCRConfig, tokenizer, info: dict | None, train: bool):
-        if train:
-            data = VCRSet(cfg, "train", tokenizer)
-            if not data.labelled:
-                raise VCRFormatError(f"{cfg.data.root}/train.jsonl: training needs answer_label and rationale_label")
-            return data, None
-        return None, VCRSet(cfg, cfg.eval_split, tokenizer, info["object_classes"])
+    def dataset(cfg: VCRConfig, tokenizer, info: dict | None, train: bool):
+        if not train:
+            return VCRSet(cfg, cfg.eval_split, tokenizer, info["object_classes"])
+        data = VCRSet(cfg, "train", tokenizer)
+        if not data.labelled:
+            raise VCRFormatError(f"{cfg.data.root}/train.jsonl: training needs answer_label and rationale_label")
+        return data
 
     @staticmethod
     def _settings(cfg: VCRConfig) -> dict:
@@ -302,15 +304,8 @@ class VCRTask:
                        "image": vars(cfg.image)}
 
     @staticmethod
-    def rebuild(model_cfg, info: dict):
-        from model.vl_bert import VLBert
-
-        return VCRModel(VLBert(model_cfg), len(info["object_classes"]), info["settings"])
-
-    @staticmethod
-    def count_batch(batch: dict) -> dict[str, float]:
-        n = float(batch["label"].shape[0])
-        return {"samples": n, "images": n, "tokens": float(batch["a_mask"].sum() + batch["b_mask"].sum())}
+    def rebuild(vl_bert, info: dict):
+        return VCRModel(vl_bert, len(info["object_classes"]), info["settings"])
 
     @staticmethod
     @torch.no_grad()

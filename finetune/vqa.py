@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.heads import BertPredictionHeadTransform
+from shards.skips import SkipLog
 
 from .common import (
     FinetuneConfig,
-    SkipCounter,
     collate_visual,
     copy_transform,
     encode,
@@ -150,7 +150,7 @@ def _load_json(path: Path, key: str) -> list:
     return data[key]
 
 
-def read_vqa(questions_path: str | Path, annotations_path: str | Path | None, skips: SkipCounter | None = None
+def read_vqa(questions_path: str | Path, annotations_path: str | Path | None, skips: SkipLog | None = None
              ) -> list[VQAQuestion]:
     """Questions joined with their annotations by question_id. A question without an annotation is a
     counted skip naming it; a malformed record is an error naming the file and the record."""
@@ -230,33 +230,43 @@ def split_files(cfg: VQADataConfig, split: str) -> tuple[Path, Path | None]:
     return q, a
 
 
-class VQASet(SkipCounter):
-    def __init__(self, cfg: VQAConfig, splits: list[str], tokenizer, answers: list[str], mask_id: int):
+class VQASet:
+    def __init__(self, cfg: VQAConfig, splits: list[str], tokenizer, mask_id: int, answers: list[str] | None = None):
+        """answers: the classifier's vocabulary; None = build it from these (training) splits, read once."""
         from shards.caption_inputs import load_box_file
-        from shards.skips import SkipLog
 
-        super().__init__()
-        self.cfg, self.answers, self.mask_id = cfg, answers, mask_id
-        self.index = {a: i for i, a in enumerate(answers)}
-        box_skips = SkipLog("box records")
+        self.skips = SkipLog("examples")
+        self.cfg, self.mask_id = cfg, mask_id
         boxes = {}
-        for path in cfg.data.boxes.split(","):
-            boxes.update(load_box_file(path, box_skips))
+        for path in cfg.data.boxes.split(","):  # bad box-file lines are counted with the other skips
+            boxes.update(load_box_file(path, self.skips))
         self.items: list[tuple[VQAQuestion, str]] = []
         self.has_answers = True
+        annotated = []
         for split in splits:
             q_path, a_path = split_files(cfg.data, split)
             self.has_answers &= a_path is not None
             image_dir = split.replace("test-dev", "test")
-            for q in read_vqa(q_path, a_path, self):
+            questions = read_vqa(q_path, a_path, self.skips)
+            annotated += questions if a_path is not None else []
+            for q in questions:
                 rel = cfg.data.images.format(image_id=q.image_id, split=split, image_dir=image_dir)
                 if rel not in boxes:
-                    self.skip("image without boxes", f"{q_path}: question_id {q.question_id} ({rel})")
+                    self.skips.skip("image without boxes", f"{q_path}: question_id {q.question_id} ({rel})")
                     continue
                 self.items.append((q, rel))
         if not self.items:
-            raise ValueError(f"VQA {splits}: no usable questions ({self.skip_counts()})")
+            raise ValueError(f"VQA {splits}: no usable questions ({dict(self.skips.reasons)})")
         self.boxes = boxes
+        if answers is None:
+            if not self.has_answers:
+                raise FileNotFoundError(f"VQA training splits {splits}: every one needs an annotations file")
+            answers = build_answer_vocab(annotated, cfg.data.answer_min_count)
+            if not answers:
+                raise ValueError(f"no answer is given {cfg.data.answer_min_count}+ times in {splits}: "
+                                 "lower data.answer_min_count")
+        self.answers = answers
+        self.index = {a: i for i, a in enumerate(answers)}
         enc = tokenizer([q.question for q, _ in self.items], add_special_tokens=False, truncation=True,
                         max_length=cfg.data.max_question_tokens)
         self.question_ids = enc["input_ids"]
@@ -327,25 +337,14 @@ class VQATask:
     doc = __doc__
 
     @staticmethod
-    def datasets(cfg: VQAConfig, tokenizer, info: dict | None, train: bool):
-        mask_id = tokenizer.mask_token_id
+    def dataset(cfg: VQAConfig, tokenizer, info: dict | None, train: bool):
         if train:
-            questions = []
-            for split in cfg.data.train_splits:
-                q, a = split_files(cfg.data, split)
-                if a is None:
-                    raise FileNotFoundError(f"VQA training split '{split}' has no annotations file")
-                questions += read_vqa(q, a)
-            answers = build_answer_vocab(questions, cfg.data.answer_min_count)
-            if not answers:
-                raise ValueError(f"no answer is given {cfg.data.answer_min_count}+ times in {cfg.data.train_splits}: "
-                                 "lower data.answer_min_count")
-            data = VQASet(cfg, list(cfg.data.train_splits), tokenizer, answers, mask_id)
+            data = VQASet(cfg, list(cfg.data.train_splits), tokenizer, tokenizer.mask_token_id)
             data.prior = question_type_prior([q for q, _ in data.items])
-            return data, None
-        data = VQASet(cfg, [cfg.eval_split], tokenizer, info["answers"], mask_id)
-        data.prior = info.get("prior", {})
-        return None, data
+        else:
+            data = VQASet(cfg, [cfg.eval_split], tokenizer, tokenizer.mask_token_id, info["answers"])
+            data.prior = info.get("prior", {})
+        return data
 
     @staticmethod
     def build_module(pretrained, cfg: VQAConfig, train: VQASet):
@@ -356,15 +355,8 @@ class VQATask:
                        "max_question_tokens": cfg.data.max_question_tokens}
 
     @staticmethod
-    def rebuild(model_cfg, info: dict):
-        from model.vl_bert import VLBert
-
-        return VQAModel(VLBert(model_cfg), len(info["answers"]), info["classifier_dropout"])
-
-    @staticmethod
-    def count_batch(batch: dict) -> dict[str, float]:
-        n = float(batch["a_ids"].shape[0])
-        return {"samples": n, "images": n, "tokens": float(batch["a_mask"].sum() + batch["box_mask"].sum())}
+    def rebuild(vl_bert, info: dict):
+        return VQAModel(vl_bert, len(info["answers"]), info["classifier_dropout"])
 
     @staticmethod
     @torch.no_grad()

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.common import EpochLoader, ImageConfig, SkipCounter, encode, load_image
+from finetune.common import EpochLoader, ImageConfig, encode, load_image
 from finetune.refcoco import RefFormatError, read_detections, read_instances, read_refs, safe_pickle_load
 from finetune.vcr import GENDER_NEUTRAL_NAMES, VCRFormatError, q2ar, read_vcr_jsonl, words_of
 from finetune.vqa import build_answer_vocab, normalise_answer, read_vqa, soft_score, vqa_accuracy
+from shards.skips import SkipLog
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,11 +71,12 @@ def _vqa_files(tmp_path):
 
 def test_vqa_reader_joins_and_counts_skips(tmp_path):
     q, a = _vqa_files(tmp_path)
-    skips = SkipCounter()
+    skips = SkipLog()
     read = read_vqa(q, a, skips)
     assert [x.question_id for x in read] == [90, 40]
     assert read[0].answers == ["red"] * 10 and read[0].answer_type == "other" and read[1].question_type == "is it"
-    assert skips.skipped == {"question without annotation": [f"{q}: question_id 91"]}
+    assert skips.reasons == {"question without annotation": 1}
+    assert skips.examples["question without annotation"] == [f"{q}: question_id 91: question without annotation"]
     assert build_answer_vocab(read, 2) == ["red"]  # "Red" and "the red" normalise to the same answer
     assert build_answer_vocab(read, 3) == []
     q.write_text(json.dumps({"questions": [{"image_id": 9, "question_id": 90}]}))
