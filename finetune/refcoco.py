@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import box_iou
+from shards.coco import CocoFormatError, read_instances, xywh_to_xyxy
 from shards.skips import SkipLog
 
 from .common import (
@@ -45,7 +46,7 @@ from .common import (
 SPLITS = ("train", "val", "testA", "testB", "test")
 
 
-class RefFormatError(ValueError):
+class RefFormatError(CocoFormatError):
     pass
 
 
@@ -79,35 +80,6 @@ def read_refs(path: str | Path) -> list[dict]:
         if not ok:
             raise RefFormatError(f"{path}: refs[{i}] lacks ref_id, ann_id, image_id, split or sentences[].sent/sent_id")
     return refs
-
-
-def xywh_to_xyxy(b) -> list[float]:
-    x, y, w, h = (float(v) for v in b)
-    return [x, y, x + w, y + h]
-
-
-def read_instances(path: str | Path) -> tuple[dict[int, dict], dict[int, dict], dict[int, list[int]]]:
-    """images by id, annotations by id (box as x1, y1, x2, y2) and annotation ids per image."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: not found") from None
-    images = {}
-    for i, im in enumerate(data.get("images", [])):
-        try:
-            images[int(im["id"])] = {"file_name": im["file_name"], "width": int(im["width"]),
-                                     "height": int(im["height"])}
-        except (KeyError, TypeError, ValueError) as e:
-            raise RefFormatError(f"{path}: images[{i}]: missing or bad field {e}") from None
-    anns, by_image = {}, {}
-    for i, a in enumerate(data.get("annotations", [])):
-        try:
-            anns[int(a["id"])] = {"image_id": int(a["image_id"]), "box": xywh_to_xyxy(a["bbox"]),
-                                  "category_id": int(a.get("category_id", 0))}
-        except (KeyError, TypeError, ValueError) as e:
-            raise RefFormatError(f"{path}: annotations[{i}]: missing or bad field {e}") from None
-        by_image.setdefault(int(a["image_id"]), []).append(int(a["id"]))
-    return images, anns, by_image
 
 
 def read_detections(path: str | Path) -> dict[int, list[list[float]]]:

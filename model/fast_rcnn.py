@@ -54,10 +54,21 @@ def pixel_mask(boxes: torch.Tensor, masked: torch.Tensor, image_sizes: torch.Ten
     return covered | outside
 
 
+class FrozenBN(FrozenBatchNorm2d):
+    """torchvision's FrozenBatchNorm2d, computed in the input's dtype: DeepSpeed's bf16/fp16 casts
+    parameters but leaves these statistics buffers fp32, which would promote every activation back to
+    fp32 in front of a half-precision convolution."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.weight * (self.running_var + self.eps).rsqrt()
+        bias = self.bias - self.running_mean * scale
+        return x * scale.to(x.dtype).view(1, -1, 1, 1) + bias.to(x.dtype).view(1, -1, 1, 1)
+
+
 def _resnet(name: str) -> nn.Module:
     if not hasattr(torchvision.models, name) or not name.startswith("resnet"):
         raise ValueError(f"fast_rcnn.backbone: '{name}' is not a torchvision ResNet (resnet18/34/50/101/152)")
-    return getattr(torchvision.models, name)(weights=None, norm_layer=FrozenBatchNorm2d)
+    return getattr(torchvision.models, name)(weights=None, norm_layer=FrozenBN)
 
 
 class FastRCNN(nn.Module):
@@ -128,13 +139,17 @@ class FastRCNN(nn.Module):
         if masked_regions is None:
             masked_regions = torch.zeros_like(box_mask)
         x = self.normalise(images, image_sizes, boxes, masked_regions & box_mask)
+        # DeepSpeed bf16/fp16 casts the weights, not the inputs; under autocast the weights stay fp32
+        x = x.to(self.object_classifier.weight.dtype)
         if self.cfg.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         features = self.backbone(x)  # [B, C4, H/16, W/16]
         all_boxes = with_whole_image(boxes, image_sizes)  # [B, 1+N, 4]
         index = torch.arange(b, device=boxes.device, dtype=boxes.dtype).view(b, 1, 1).expand(b, n + 1, 1)
-        rois = torch.cat([index, all_boxes], -1).reshape(-1, 5).to(features.dtype)
-        crops = roi_align(features, rois, self.cfg.roi_output_size, spatial_scale=1 / 16, sampling_ratio=0,
-                          aligned=True)  # [B*(1+N), C4, 14, 14]
+        # RoIAlign in fp32, as torchvision's autocast rule does: bf16 box corners would be off by up to
+        # 4 px at 1000 px, and the CPU kernel has no bf16 version
+        rois = torch.cat([index, all_boxes], -1).reshape(-1, 5).float()
+        crops = roi_align(features.float(), rois, self.cfg.roi_output_size, spatial_scale=1 / 16, sampling_ratio=0,
+                          aligned=True).to(features.dtype)  # [B*(1+N), C4, 14, 14]
         appearance = self.box_head(crops).mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
         return {"appearance": appearance, "boxes": all_boxes, "class_logits": self.object_classifier(appearance)}

@@ -16,6 +16,7 @@ Raw layout under `<out>/raw/`:
   vqg/                                  visual question generation data in VQG_COCO's format (csv per
                                         split + COCO captions JSON), for `launch/finetune_vqg.sh`
   vqa/, vcr/, refcoco+/                 finetuning data in VQA v2's, VCR's and the refer toolkit's formats
+  detection/                            COCO instances + colour attributes for the detector warm-up
                                         (see shards/demo_tasks.py), for `launch/finetune_<task>.sh`
 Shards under `<out>/shards/{captions-train,captions-val,text}/` with a manifest each.
 """
@@ -208,6 +209,8 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
             _write_vqg_split(raw, seed, n_images, n_val)
         if not (raw / "refcoco+" / "instances.json").exists():
             demo_tasks.write_all(raw, seed)
+        if not (raw / "detection" / "instances_val.json").exists():
+            demo_tasks.write_detection(raw)
         print(f"demo corpus already built under {out} (pass --force to rebuild)", file=sys.stderr)
         return out
     write_raw(out, n_images, n_val, seed, n_books, n_articles)

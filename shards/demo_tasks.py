@@ -7,6 +7,9 @@
                   per-image metadata JSON (boxes with scores, names, width, height)
   raw/refcoco+/   the refer toolkit's refs(unc).p and instances.json (COCO format, bbox x, y, w, h),
                   plus detections in MAttNet's list format (dets.json)
+  raw/detection/  instances_{train,val}.json: COCO-format boxes and categories of the visible objects,
+                  with Visual-Genome-style colour attributes, for the detector's supervised warm-up
+                  (`python -m pretrain.detector`), as bottom-up-attention detectors are trained
 
 The corpus' val images are the val/test images of every task; train images come from the rest. Answers
 need the picture: colours, counts and relations can only come from it.
@@ -261,7 +264,35 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
     return out
 
 
+# --- detector warm-up -------------------------------------------------------------------------------------
+
+def write_detection(raw: Path) -> Path:
+    """COCO instances with attributes for the corpus' train and val images. An object under the grey
+    cloth is left out: its category cannot be seen, and a detector taught to name it would hallucinate."""
+    out = raw / "detection"
+    out.mkdir(parents=True, exist_ok=True)
+    categories = [{"id": k, "name": c, "supercategory": "shape"} for k, c in enumerate(sw.CATEGORIES, 1)]
+    attributes = [{"id": k, "name": c} for k, c in enumerate(sw.COLOURS, 1)]
+    colour_id = {a["name"]: a["id"] for a in attributes}
+    splits = {"train": ([], []), "val": ([], [])}
+    for index, image, world, is_val in _scenes(raw):
+        images, annotations = splits["val" if is_val else "train"]
+        images.append({"id": index, "file_name": image, "width": world.width, "height": world.height})
+        for k, o in enumerate(world.objects):
+            if o.covered:
+                continue
+            x1, y1, x2, y2 = o.box
+            annotations.append({"id": index * 100 + k, "image_id": index, "category_id": o.class_id,
+                                "attribute_ids": [colour_id[o.colour]], "iscrowd": 0,
+                                "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)})
+    for split, (images, annotations) in splits.items():
+        (out / f"instances_{split}.json").write_text(json.dumps({
+            "images": images, "annotations": annotations, "categories": categories, "attributes": attributes}))
+    return out
+
+
 def write_all(raw: Path, seed: int) -> None:
+    write_detection(raw)
     write_vqa(raw, seed)
     write_vcr(raw, seed)
     write_refcoco(raw, seed)

@@ -1,0 +1,254 @@
+"""Supervised warm-up of the Fast R-CNN on box annotations, before VL-BERT pretraining.
+
+    python -m pretrain.detector --config launch/configs/detector_demo.yaml [key=value ...]
+    deepspeed --num_gpus N -m pretrain.detector --config ...
+
+VL-BERT's detector comes pretrained on Visual Genome objects and attributes (bottom-up attention), so its
+region features already say what each region is before VL-BERT sees them. Where no such weights exist
+(the demo's ResNet-18 starts from random; a new domain), this trains the same module (`model.fast_rcnn`)
+the same way: ground-truth boxes of a COCO-format `instances.json`, cross-entropy over the object
+classes (class id = category id; 0 stays the background) and, when the file has Visual-Genome-style
+`attributes` / `attribute_ids`, a binary cross-entropy attribute head on the same region feature. The
+attribute head only shapes the features and is not exported.
+
+Runs on the shared engine (DeepSpeed, checkpoints, `--resume`, TensorBoard). Writes
+`<run_dir>/fast_rcnn.pt` (a state dict of `backbone.*`, `box_head.*` and `object_classifier.*`, the
+format `fast_rcnn.weights` loads) and `<run_dir>/metrics_val.json`: object and attribute accuracy on the
+held-out annotations, next to the majority-class baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import FastRCNNConfig
+from shards.coco import read_instances, read_vocabularies
+from shards.skips import SkipLog
+
+from .engine import EngineConfig, OptimConfig
+
+
+@dataclass
+class DetectorConfig:
+    train: str = "data/demo/raw/detection/instances_train.json"
+    val: str | None = "data/demo/raw/detection/instances_val.json"  # None: no held-out evaluation
+    image_root: str = "data/demo/raw"  # `file_name`s are relative to this
+    fast_rcnn: FastRCNNConfig = field(default_factory=FastRCNNConfig)
+    short_side: int = 600
+    long_side: int = 1000
+    max_boxes: int = 100  # per image; more annotations than this are cut (and counted)
+    attribute_weight: float = 0.5  # the attribute loss' weight next to the object loss (bottom-up: 0.5)
+    batch_size: int = 16  # images per step, global
+    epochs: float = 10.0
+    num_workers: int = 0
+    seed: int = 0
+    eval_batch_size: int = 32
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=100))
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(run_dir="runs/detector", export=False))
+
+
+class BoxSet:
+    """Images with their annotated boxes, object labels and multi-hot attributes, as `batch(indices)`."""
+
+    def __init__(self, path: str, cfg: DetectorConfig, num_classes: int, num_attributes: int):
+        from finetune.common import ImageConfig
+
+        self.path, self.cfg = path, cfg
+        self.image_cfg = ImageConfig(root=cfg.image_root, short_side=cfg.short_side, long_side=cfg.long_side)
+        self.num_attributes = num_attributes
+        images, anns, by_image = read_instances(path)
+        self.skips = SkipLog("annotations")
+        self.items = []
+        for image_id, info in images.items():
+            keep = []
+            for ann_id in by_image.get(image_id, []):
+                a = anns[ann_id]
+                where = f"{path}: annotation {ann_id}"
+                if a["iscrowd"]:
+                    self.skips.skip("crowd", where)
+                    continue
+                if not 0 < a["category_id"] < num_classes:
+                    raise ValueError(f"{where}: category_id {a['category_id']} is outside 1..{num_classes - 1} "
+                                     f"(fast_rcnn.num_classes = {num_classes})")
+                bad = [k for k in a["attribute_ids"] if not 0 < k <= num_attributes]
+                if bad:
+                    raise ValueError(f"{where}: attribute_ids {bad} are not among the file's {num_attributes} "
+                                     f"attributes")
+                keep.append(a)
+            if len(keep) > cfg.max_boxes:
+                for _ in keep[cfg.max_boxes:]:
+                    self.skips.skip("over max_boxes", f"{path}: image {image_id}")
+                keep = keep[: cfg.max_boxes]
+            if keep:
+                self.items.append((image_id, info["file_name"], keep))
+            else:
+                self.skips.skip("image without boxes", f"{path}: image {image_id}")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def batch(self, indices: list[int]) -> dict:
+        from finetune.common import collate_visual, load_image
+
+        pairs, labels, attributes = [], [], []
+        for i in indices:
+            image_id, name, anns = self.items[i]
+            boxes = np.array([a["box"] for a in anns], dtype=np.float32)
+            pairs.append(load_image(Path(self.cfg.image_root) / name, boxes, self.image_cfg,
+                                    f"{self.path}: image {image_id}"))
+            labels.append([a["category_id"] for a in anns])
+            multi_hot = torch.zeros(len(anns), max(1, self.num_attributes))
+            for k, a in enumerate(anns):
+                multi_hot[k, [j - 1 for j in a["attribute_ids"]]] = 1.0
+            attributes.append(multi_hot)
+        out = collate_visual(pairs)
+        n = out["boxes"].shape[1]
+        out["labels"] = torch.full((len(indices), n), -100, dtype=torch.long)  # -100: padding, ignored
+        out["attributes"] = torch.zeros(len(indices), n, max(1, self.num_attributes))
+        for i, (lab, att) in enumerate(zip(labels, attributes)):
+            out["labels"][i, : len(lab)] = torch.tensor(lab)
+            out["attributes"][i, : len(lab)] = att
+        return out
+
+
+class DetectorWarmup(nn.Module):
+    """The Fast R-CNN plus an attribute head on its region features (element 0, the whole image, has no
+    label)."""
+
+    def __init__(self, cfg: FastRCNNConfig, num_attributes: int, attribute_weight: float):
+        super().__init__()
+        from model.fast_rcnn import FastRCNN
+
+        self.fast_rcnn = FastRCNN(cfg)
+        self.num_attributes, self.attribute_weight = num_attributes, attribute_weight
+        self.attribute_head = nn.Linear(self.fast_rcnn.feature_size, max(1, num_attributes))
+
+    def logits(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.fast_rcnn(batch["images"], batch["image_sizes"], batch["boxes"], batch["box_mask"])
+        regions = out["appearance"][:, 1:]
+        return out["class_logits"][:, 1:], self.attribute_head(regions)
+
+    def forward(self, batch: dict):
+        cls, att = self.logits(batch)
+        labels, valid = batch["labels"], batch["box_mask"]
+        loss_obj = F.cross_entropy(cls.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        weight = valid.unsqueeze(-1).to(att.dtype)
+        count = valid.sum().clamp(min=1) * att.shape[-1]
+        loss_att = (F.binary_cross_entropy_with_logits(att.float(), batch["attributes"], reduction="none")
+                    * weight).sum() / count
+        correct = ((cls.argmax(-1) == labels) & valid).sum() / valid.sum().clamp(min=1)
+        total = loss_obj + (self.attribute_weight if self.num_attributes else 0.0) * loss_att
+        metrics = {"loss/total": total.detach(), "loss/object": loss_obj.detach(), "loss/attribute": loss_att.detach(),
+                   "acc/object": correct.detach()}
+        return total, metrics
+
+
+@torch.no_grad()
+def evaluate(module: DetectorWarmup, data: BoxSet, batch_size: int, device) -> dict:
+    """Object accuracy (argmax over the foreground classes) and attribute accuracy (the top-scoring
+    attribute is one of the region's), each next to always answering the most frequent training label."""
+    from finetune.common import eval_batches
+    from pretrain.engine import to_device
+
+    module.eval()
+    obj_hits = att_hits = n = n_att = 0
+    label_counts = torch.zeros(module.fast_rcnn.cfg.num_classes)
+    attr_counts = torch.zeros(max(1, module.num_attributes))
+    for _, batch in eval_batches(data, batch_size, desc="detector val"):
+        batch = to_device(batch, device)
+        cls, att = module.logits(batch)
+        valid = batch["box_mask"]
+        labels = batch["labels"][valid]
+        pred = cls[valid][:, 1:].argmax(-1) + 1  # a labelled box is an object: background is not an answer
+        obj_hits += int((pred == labels).sum())
+        n += int(valid.sum())
+        label_counts += torch.bincount(labels.cpu(), minlength=label_counts.numel()).float()
+        has_att = batch["attributes"][valid].sum(-1) > 0
+        if module.num_attributes and has_att.any():
+            target = batch["attributes"][valid][has_att]
+            top = att[valid][has_att].argmax(-1)
+            att_hits += int(target.gather(1, top.unsqueeze(1)).sum())
+            n_att += int(has_att.sum())
+            attr_counts += target.sum(0).cpu()
+    return {"regions": n, "object_accuracy": obj_hits / max(1, n),
+            "object_majority_baseline": float(label_counts.max() / max(1, n)),
+            "attribute_regions": n_att, "attribute_accuracy": att_hits / max(1, n_att) if n_att else None,
+            "attribute_majority_baseline": float(attr_counts.max() / n_att) if n_att else None}
+
+
+def export_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The Fast R-CNN's own weights from the warm-up module's state, in `FastRCNN.load_weights`' format."""
+    return {k.removeprefix("fast_rcnn."): v.detach().cpu().clone() for k, v in state.items()
+            if k.startswith("fast_rcnn.")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Supervised Fast R-CNN warm-up on COCO-format boxes",
+                                epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="DetectorConfig YAML (see launch/configs/detector_demo.yaml)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("overrides", nargs="*", help="key=value, e.g. epochs=2 optim.lr=5e-4")
+    args = p.parse_args(argv)
+    from finetune.common import EpochLoader
+    from model.config import load_config
+
+    from .engine import Engine, init_distributed
+
+    cfg = load_config(DetectorConfig, args.config, args.overrides)
+    categories, attributes = read_vocabularies(cfg.train)
+    num_attributes = max(attributes, default=0)
+    rank, world = init_distributed(args.local_rank)
+    torch.manual_seed(cfg.seed)
+    train = BoxSet(cfg.train, cfg, cfg.fast_rcnn.num_classes, num_attributes)
+    module = DetectorWarmup(cfg.fast_rcnn, num_attributes, cfg.attribute_weight)
+    micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)
+    loader = EpochLoader(train, micro, cfg.seed, rank, world, cfg.num_workers)
+    cfg.engine.steps = max(1, math.ceil(cfg.epochs * loader.batches_per_epoch
+                                        / cfg.engine.gradient_accumulation_steps))
+    cfg.engine.progress_label = "detector"
+    if rank == 0:
+        print(f"detector warm-up: {len(train)} images, {len(categories)} categories, {num_attributes} attributes "
+              f"({dict(train.skips.reasons) or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
+
+    def count(batch):
+        return {"samples": float(batch["box_mask"].shape[0]), "images": float(batch["box_mask"].shape[0]),
+                "tokens": float(batch["box_mask"].sum())}
+
+    engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=count,
+                    run_info={"config": asdict(cfg), "train_images": len(train)})
+    engine.train(resume=args.resume)
+    state = engine.consolidated_state_dict()
+    run_dir = Path(cfg.engine.run_dir)
+    if rank == 0:
+        weights = export_state(state)
+        torch.save(weights, run_dir / "fast_rcnn.pt")
+        if cfg.val:
+            module = DetectorWarmup(cfg.fast_rcnn, num_attributes, cfg.attribute_weight)
+            module.load_state_dict(state)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            val = BoxSet(cfg.val, cfg, cfg.fast_rcnn.num_classes, num_attributes)
+            metrics = evaluate(module.to(device), val, cfg.eval_batch_size, device)
+            (run_dir / "metrics_val.json").write_text(json.dumps(metrics, indent=1))
+            print("detector val: object accuracy {object_accuracy:.3f} (majority {object_majority_baseline:.3f})"
+                  .format(**metrics) + (", attribute accuracy {attribute_accuracy:.3f} (majority "
+                                        "{attribute_majority_baseline:.3f})".format(**metrics)
+                                        if metrics["attribute_accuracy"] is not None else ""), flush=True)
+        print(f"Fast R-CNN weights: {run_dir / 'fast_rcnn.pt'} (set model.fast_rcnn.weights to it)", flush=True)
+    torch.distributed.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

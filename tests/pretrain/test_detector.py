@@ -1,0 +1,123 @@
+"""The supervised Fast R-CNN warm-up (pretrain/detector.py) and the COCO reader it shares."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from model.config import FastRCNNConfig
+from model.fast_rcnn import FastRCNN
+from pretrain.detector import BoxSet, DetectorConfig, DetectorWarmup, evaluate, export_state
+from shards.coco import CocoFormatError, read_instances, read_vocabularies
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = FastRCNNConfig(backbone="resnet18", num_classes=3, freeze_stem=False, roi_output_size=4)
+
+
+def write_coco(tmp_path: Path, annotations: list[dict]) -> Path:
+    """Two 64x64 images: a red square (category 1) and a blue circle (category 2)."""
+    for name, colour in (("a.jpg", "red"), ("b.jpg", "blue")):
+        im = Image.new("RGB", (64, 64), "white")
+        ImageDraw.Draw(im).rectangle([8, 8, 40, 40], fill=colour)
+        im.save(tmp_path / name)
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 64},
+                   {"id": 2, "file_name": "b.jpg", "width": 64, "height": 64}],
+        "annotations": annotations,
+        "categories": [{"id": 1, "name": "square"}, {"id": 2, "name": "circle"}],
+        "attributes": [{"id": 1, "name": "red"}, {"id": 2, "name": "blue"}, {"id": 3, "name": "large"}]}))
+    return path
+
+
+ANNS = [{"id": 10, "image_id": 1, "bbox": [8, 8, 32, 32], "category_id": 1, "attribute_ids": [1, 3]},
+        {"id": 11, "image_id": 1, "bbox": [0, 0, 64, 64], "category_id": 2, "iscrowd": 1},
+        {"id": 20, "image_id": 2, "bbox": [8, 8, 32, 32], "category_id": 2, "attribute_ids": [2]}]
+
+
+def test_coco_reader_keeps_attributes_and_crowd(tmp_path):
+    path = write_coco(tmp_path, ANNS)
+    images, anns, by_image = read_instances(path)
+    assert anns[10] == {"image_id": 1, "box": [8.0, 8.0, 40.0, 40.0], "category_id": 1, "attribute_ids": [1, 3],
+                        "iscrowd": 0}
+    assert anns[11]["iscrowd"] == 1 and by_image == {1: [10, 11], 2: [20]}
+    assert read_vocabularies(path) == ({1: "square", 2: "circle"}, {1: "red", 2: "blue", 3: "large"})
+    bad = dict(ANNS[0], bbox=[1, 2])
+    with pytest.raises(CocoFormatError, match=r"annotations\[0\]"):
+        read_instances(write_coco(tmp_path, [bad]))
+
+
+def test_box_set_labels_multi_hot_and_skips(tmp_path):
+    cfg = DetectorConfig(image_root=str(tmp_path), short_side=32, long_side=32)
+    data = BoxSet(str(write_coco(tmp_path, ANNS)), cfg, num_classes=3, num_attributes=3)
+    assert len(data) == 2 and data.skips.reasons == {"crowd": 1}
+    batch = data.batch([0, 1])
+    assert batch["labels"].tolist() == [[1], [2]]
+    assert batch["attributes"].tolist() == [[[1, 0, 1]], [[0, 1, 0]]]
+    assert torch.allclose(batch["boxes"][0, 0], torch.tensor([4.0, 4.0, 20.0, 20.0]))  # 64 -> 32 px
+    with pytest.raises(ValueError, match="annotation 20: category_id 2 is outside 1..1"):
+        BoxSet(str(write_coco(tmp_path, ANNS)), cfg, num_classes=2, num_attributes=3)
+    with pytest.raises(ValueError, match=r"annotation 10: attribute_ids \[3\]"):
+        BoxSet(str(write_coco(tmp_path, ANNS)), cfg, num_classes=3, num_attributes=2)
+
+
+def test_warmup_learns_and_exports_loadable_weights(tmp_path):
+    torch.manual_seed(0)
+    cfg = DetectorConfig(image_root=str(tmp_path), short_side=64, long_side=64)
+    data = BoxSet(str(write_coco(tmp_path, ANNS)), cfg, num_classes=3, num_attributes=3)
+    module = DetectorWarmup(TINY, num_attributes=3, attribute_weight=0.5)
+    batch = data.batch([0, 1])
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    first = None
+    for _ in range(15):
+        loss, metrics = module(batch)
+        first = first if first is not None else float(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss) < 0.5 * first and float(metrics["acc/object"]) == 1.0
+    # exported weights load through FastRCNN's own loader and compute the same features
+    path = tmp_path / "fast_rcnn.pt"
+    torch.save(export_state(module.state_dict()), path)
+    loaded = FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(path)})).eval()
+    module.eval()
+    args = (batch["images"], batch["image_sizes"], batch["boxes"], batch["box_mask"])
+    with torch.no_grad():
+        assert torch.allclose(loaded(*args)["class_logits"], module.fast_rcnn(*args)["class_logits"], atol=1e-6)
+    assert not any(k.startswith("attribute_head") for k in export_state(module.state_dict()))
+
+
+def test_evaluate_counts_by_hand(tmp_path, monkeypatch):
+    cfg = DetectorConfig(image_root=str(tmp_path), short_side=32, long_side=32)
+    data = BoxSet(str(write_coco(tmp_path, ANNS)), cfg, num_classes=3, num_attributes=3)
+    module = DetectorWarmup(TINY, num_attributes=3, attribute_weight=0.5)
+    # image a: background scores highest but "square" beats "circle" among objects -> right; top attribute
+    # "large" is one of a's. image b: says square (wrong); top attribute "red" is not b's.
+    cls = torch.tensor([[[9.0, 2.0, 1.0]], [[0.0, 3.0, 1.0]]])
+    att = torch.tensor([[[0.0, 0.0, 5.0]], [[5.0, 0.0, 0.0]]])
+    monkeypatch.setattr(module, "logits", lambda batch: (cls[: len(batch["labels"])], att[: len(batch["labels"])]))
+    m = evaluate(module, data, batch_size=2, device="cpu")
+    assert m["regions"] == 2 and m["object_accuracy"] == 0.5 and m["attribute_accuracy"] == 0.5
+    assert m["object_majority_baseline"] == 0.5 and m["attribute_majority_baseline"] == 0.5
+
+
+def test_command_line_writes_weights_and_val_metrics(tmp_path):
+    path = write_coco(tmp_path, [a for a in ANNS if not a.get("iscrowd")])
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pretrain.detector", f"train={path}", f"val={path}", f"image_root={tmp_path}",
+           "fast_rcnn.backbone=resnet18", "fast_rcnn.num_classes=3", "fast_rcnn.roi_output_size=4",
+           "short_side=32", "long_side=32", "batch_size=2", "epochs=3", f"engine.run_dir={run}",
+           "engine.progress=false", "engine.zero_stage=2", "engine.log_every=1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((run / "metrics_val.json").read_text())
+    assert metrics["regions"] == 2 and metrics["attribute_regions"] == 2
+    FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(run / "fast_rcnn.pt")}))  # loads (ZeRO-2 export)

@@ -1,0 +1,104 @@
+"""GPU readiness, checked on CPU: a pretraining step in DeepSpeed's bf16 mode, no host syncs in the
+step, and the transformer under torch.compile."""
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from model.config import model_config
+from model.vl_bert import VLBertForPretraining
+from pretrain.masking import MaskingConfig, PretrainMasker
+from pretrain.tasks import LossConfig, VLBertPretraining
+from shards.tokenizer import load_tokenizer
+
+from .test_masking import caption_batch
+
+
+def tiny_module(**updates) -> VLBertPretraining:
+    cfg = model_config("tiny", updates={"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102,
+                                        "mask_token_id": 103, "visual_ln_init": 1.0,
+                                        "fast_rcnn": {"roi_output_size": 4}, **updates})
+    torch.manual_seed(0)
+    return VLBertPretraining(VLBertForPretraining(cfg), LossConfig())
+
+
+def pretraining_batch() -> dict:
+    """What the data workers hand the step: masked captions with images and boxes, and text samples."""
+    tok = load_tokenizer(None)
+    batch = caption_batch(b=4, n=6)
+    words = tok(["a small red star above a blue circle", "two large green squares"] * 2, add_special_tokens=False,
+                padding=True, return_tensors="pt")
+    batch["caption"]["input_ids"] = words["input_ids"]
+    batch["caption"]["attention_mask"] = words["attention_mask"].bool()
+    text = tok(["the keeper carried a lamp", "she painted the old door green"] * 2, add_special_tokens=False,
+               padding=True, return_tensors="pt")
+    batch["text"] = {"keys": ["t0", "t1", "t2", "t3"], "input_ids": text["input_ids"],
+                     "attention_mask": text["attention_mask"].bool()}
+    masker = PretrainMasker(MaskingConfig(mlm_probability=0.3, mrc_probability=0.3), tok, cls_id=101, sep_id=102,
+                            mask_id=103, num_classes=9)
+    return masker(batch)
+
+
+def test_step_in_deepspeed_bf16_mode():
+    """DeepSpeed's bf16 casts the module (not the inputs, no autocast): uint8 images, fp32 boxes and
+    fp16 class distributions must all meet bf16 weights without a dtype error, and give finite gradients."""
+    module = tiny_module().eval()  # no dropout: the two precisions see the same function
+    batch = pretraining_batch()
+    with torch.no_grad():
+        ref, _ = module(batch)
+    module.to(torch.bfloat16)
+    loss, metrics = module(batch)
+    loss.backward()
+    loss = loss.detach()
+    assert torch.isfinite(loss) and abs(float(loss) - float(ref)) < 0.05 * float(ref)
+    for name, p in module.named_parameters():
+        if p.requires_grad and p.grad is not None:
+            assert p.grad.dtype == torch.bfloat16 and torch.isfinite(p.grad.float()).all(), name
+    assert module.model.vl_bert.fast_rcnn.backbone.layer1[0].conv1.weight.grad.abs().sum() > 0
+
+
+# aten ops that wait for the device: a Python scalar out of a tensor, or an output shape that depends
+# on the data (boolean indexing goes through nonzero)
+SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+           "is_nonzero", "equal", "allclose"}
+
+
+class SyncCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        bool_index = name in ("index", "index_put", "index_put_", "_index_put_impl_") and any(
+            t is not None and t.dtype == torch.bool for t in args[1])
+        if name in SYNCING or bool_index or (name == "repeat_interleave" and "output_size" not in (kwargs or {})):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_step_has_no_host_sync():
+    """Forward, loss, backward and the logged metrics of a pretraining step: no op that would make a
+    GPU wait for the host. The counter is checked against an op that does sync."""
+    module = tiny_module().train()
+    batch = pretraining_batch()
+    with SyncCounter() as counter:
+        loss, metrics = module(batch)
+        loss.backward()
+    assert counter.seen == []
+    with SyncCounter() as counter:
+        float(loss)
+        torch.ones(3)[torch.tensor([True, False, True])]
+    assert len(counter.seen) == 2
+
+
+def test_compiled_transformer_matches_eager():
+    module = tiny_module().eval()
+    eager_module = tiny_module().eval()
+    module.model.vl_bert.encoder.compile(dynamic=False)
+    batch = pretraining_batch()
+    with torch.no_grad():
+        _, eager = eager_module(batch)
+        _, compiled = module(batch)
+    for key in ("loss/mlm_caption", "loss/mrc", "loss/mlm_text"):
+        torch.testing.assert_close(compiled[key], eager[key], atol=1e-4, rtol=1e-4)
+    assert module.model.vl_bert.encoder._compiled_call_impl is not None  # it really ran compiled
