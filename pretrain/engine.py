@@ -290,6 +290,8 @@ class Engine:
             "throughput/images_per_s": counts["images"] * self.world / elapsed,
             "data_wait_fraction": timing["wait"] / elapsed,
         })
+        if counts.get("positions"):
+            scalars["padding_fraction"] = 1.0 - counts["tokens"] / counts["positions"]
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None:
             scalars["grad_norm"] = float(grad_norm)
@@ -341,7 +343,7 @@ class Engine:
                         self._record_keys(batch)
                     if self.count_batch is not None:
                         for k, v in self.count_batch(batch).items():
-                            counts[k] += v
+                            counts[k] = counts.get(k, 0.0) + v
                     if self.writer is not None and self.draw_batch and cfg.image_every and \
                             (self.step + 1) % cfg.image_every == 0:
                         self.writer.add_image("train/sample", self.draw_batch(batch), self.step + 1)

@@ -61,15 +61,20 @@ def _bert_dir(name: str) -> Path:
 
 
 def count_batch(batch: dict) -> dict[str, float]:
-    counts = {"samples": 0.0, "tokens": 0.0, "images": 0.0}
+    """samples, images, tokens (real transformer positions: words, the whole image, regions, [END]) and
+    positions (the same, padding included), whose ratio the engine logs as padding_fraction."""
+    counts = {"samples": 0.0, "tokens": 0.0, "images": 0.0, "positions": 0.0}
     if "caption" in batch:
         c = batch["caption"]
-        counts["samples"] += len(c["keys"])
-        counts["images"] += len(c["keys"])
-        counts["tokens"] += float(c["text_mask"].sum() + c["box_mask"].sum())
+        b, t = c["text_mask"].shape
+        counts["samples"] += b
+        counts["images"] += b
+        counts["tokens"] += float(c["text_mask"].sum() + c["box_mask"].sum()) + 2 * b
+        counts["positions"] += b * (t + c["box_mask"].shape[1] + 2)
     if "text" in batch:
         counts["samples"] += batch["text"]["input_ids"].shape[0]
         counts["tokens"] += float(batch["text"]["text_mask"].sum())
+        counts["positions"] += batch["text"]["text_mask"].numel()
     return counts
 
 

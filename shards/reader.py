@@ -13,6 +13,12 @@ before decoding, so a restored role replays its epoch's tar records up to the po
 decoding any image, and then continues with the identical shuffle state. Batches are numbered
 `k * workers + worker`; the DataLoader delivers them in that order, and on resume its workers are
 rotated so that worker 0 produces the next batch due.
+
+Length-aware batching (`length_buckets` > 1): each role reads a pool of that many batches' samples,
+sorts it by length (caption: words + regions; text: word-pieces), cuts it into batches of neighbours and
+hands those out in a seeded random order. Every sample is still seen exactly once per epoch and computes
+the same thing (attention masks make a sample's outputs independent of its batch's padding); only
+padding shrinks. A role's position is then the pool's start plus the batches of it already delivered.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class StreamConfig:
     seed: int = 0
     num_workers: int = 2
     epochs: int | None = None  # None = stream forever (pretraining); 1 = one pass (evaluation)
+    length_buckets: int = 1  # > 1: batch similar lengths together within pools of this many batches
     max_bad_fraction: float = 0.5  # stop with an error when more records than this are bad ...
     min_seen: int = 50  # ... once at least this many were read by one role
 
@@ -138,6 +145,54 @@ class _Source:
                 raise RuntimeError(f"role {self.role} of {self.parts} got no records from {len(self.urls)} "
                                    f"shard(s) ({self.urls[:2]}...): fewer samples than ranks x workers?")
             self.epoch, self.pulled = self.epoch + 1, 0
+
+
+def length_groups(lengths: list[int], size: int, rng: random.Random) -> list[list[int]]:
+    """A pool's indices cut into batches of `size` samples of neighbouring length, batches shuffled."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    groups = [order[j: j + size] for j in range(0, len(order), size)]
+    rng.shuffle(groups)
+    return groups
+
+
+class _Batches:
+    """A source's samples as batches: `size` at a time, or (pool > 1) length-grouped pools of `pool` batches.
+    `state` is where a restarted role resumes: the source position of the current pool's start, the
+    pool's number and how many of its batches were delivered."""
+
+    def __init__(self, source: _Source, size: int, pool: int, length, seed: int, state: dict | None):
+        self.source, self.size, self.pool, self.length, self.seed = source, size, max(1, pool), length, seed
+        state = state or {"source": source.state, "pool": 0, "done": 0}
+        self.start, self.pool_index, self.done = tuple(state["source"]), state["pool"], state["done"]
+
+    @property
+    def state(self) -> dict:
+        return {"source": self.start, "pool": self.pool_index, "done": self.done}
+
+    def __iter__(self) -> Iterator[list[dict]]:
+        it = iter(self.source)
+        while True:
+            samples = [s for _, s in zip(range(self.size * self.pool), it, strict=False)]
+            if not samples:
+                return
+            if self.pool > 1:
+                rng = random.Random((self.seed * 1_000_003 + self.source.role) * 7919 + self.pool_index)
+                groups = length_groups([self.length(s) for s in samples], self.size, rng)
+            else:
+                groups = [list(range(len(samples)))]
+            for group in groups[self.done:]:
+                self.done += 1
+                if self.done == len(groups):  # the pool is used up: resume after it
+                    self.start, self.pool_index, self.done = self.source.state, self.pool_index + 1, 0
+                yield [samples[i] for i in group]
+
+
+def caption_length(sample: dict) -> int:
+    return len(sample["input_ids"]) + len(sample["boxes"])
+
+
+def text_length(sample: dict) -> int:
+    return len(sample["input_ids"])
 
 
 # --- decoding ----------------------------------------------------------------------------------------
@@ -272,25 +327,33 @@ class MixedStream(IterableDataset):
         state = self.role_states.get(worker_role, {})
         seed = cfg.seed
 
-        def source(urls, decode, name):
+        def source(urls, decode, name, size, length):
+            if not urls:
+                return None
             skips = SkipLog(f"{name} samples", max_bad_fraction=cfg.max_bad_fraction, min_seen=cfg.min_seen)
-            return _Source(urls, role, parts, seed, cfg.shuffle_buffer, decode, skips, cfg.epochs, state.get(name))
+            saved = state.get(name)
+            if saved is not None and not isinstance(saved, dict):  # a position saved before length buckets
+                saved = {"source": saved, "pool": 0, "done": 0}
+            src = _Source(urls, role, parts, seed, cfg.shuffle_buffer, decode, skips, cfg.epochs,
+                          tuple(saved["source"]) if saved else None)
+            return _Batches(src, size, cfg.length_buckets, length, seed, saved)
 
-        captions = source(self.caption_urls, CaptionDecoder(cfg), "caption") if self.caption_urls else None
-        texts = source(self.text_urls, decode_text, "text") if self.text_urls else None
+        captions = source(self.caption_urls, CaptionDecoder(cfg), "caption", cfg.caption_batch_size, caption_length)
+        texts = source(self.text_urls, decode_text, "text", cfg.text_batch_size, text_length)
         cap_it = iter(captions) if captions else None
         txt_it = iter(texts) if texts else None
         k = state.get("k", -1) + 1
         while True:
-            caps = [s for _, s in zip(range(cfg.caption_batch_size), cap_it, strict=False)] if cap_it else []
-            txts = [s for _, s in zip(range(cfg.text_batch_size), txt_it, strict=False)] if txt_it else []
+            caps = next(cap_it, []) if cap_it else []
+            txts = next(txt_it, []) if txt_it else []
             if (cap_it and not caps) or (txt_it and not txts):
                 return  # a finite stream (epochs set) ran out
             batch = {"index": k * workers + worker_role,
                      "state": {"k": k, "worker_role": worker_role,
                                "caption": captions.state if captions else None,
                                "text": texts.state if texts else None},
-                     "skips": {n: s.skips.as_dict() for n, s in (("caption", captions), ("text", texts)) if s}}
+                     "skips": {n: s.source.skips.as_dict() for n, s in (("caption", captions), ("text", texts))
+                               if s}}
             if caps:
                 batch["caption"] = collate_captions(caps, cfg.size_divisibility)
             if txts:

@@ -260,3 +260,18 @@ def test_bf16_autocast_end_to_end(tiny_model):
     assert torch.isfinite(logits.float()).all()  # logits come out fp32 (bias add), as a loss wants
     ref = run(tiny_model, batch).last_hidden_state
     assert (out.last_hidden_state.float() - ref).abs().max() < 0.15  # bf16 keeps ~3 significant digits
+
+
+def test_a_samples_outputs_do_not_depend_on_its_batchs_padding(tiny_model):
+    """What length-aware batching relies on: sample 1 alone, or padded next to a longer sample 0,
+    gives the same outputs on its real positions."""
+    batch = make_batch()
+    out = run(tiny_model, batch)
+    alone = {k: v[1:] for k, v in batch.items()}
+    t, n = int(batch["text_mask"][1].sum()), int(batch["box_mask"][1].sum())
+    alone.update(input_ids=alone["input_ids"][:, :t], token_type_ids=alone["token_type_ids"][:, :t],
+                 text_mask=alone["text_mask"][:, :t], boxes=alone["boxes"][:, :n], box_mask=alone["box_mask"][:, :n],
+                 )  # the image keeps its padded size: that padding is the same in any batch
+    single = run(tiny_model, alone)
+    padded = out.last_hidden_state[1][out.attention_mask[1]]
+    torch.testing.assert_close(single.last_hidden_state[0][single.attention_mask[0]], padded, atol=1e-5, rtol=1e-5)

@@ -131,3 +131,44 @@ def test_collation_pads_and_masks():
     assert out["box_classes"].tolist() == [[3, -1], [1, 2]]
     assert out["input_ids"].tolist() == [[5, 6, 7], [9, 0, 0]]
     assert out["attention_mask"].tolist() == [[True, True, True], [True, False, False]]
+
+
+# --- length-aware batching -----------------------------------------------------------------------------
+
+def test_length_groups_by_hand():
+    import random
+
+    from shards.reader import length_groups
+
+    groups = length_groups([5, 1, 9, 3, 7, 2], 2, random.Random(0))
+    assert sorted(groups) == [[1, 5], [3, 0], [4, 2]]  # neighbours by length: (1, 2), (3, 5), (7, 9)
+
+
+def text_padding(loader):
+    real = total = 0
+    for b in loader:
+        real += int(b["text"]["attention_mask"].sum())
+        total += b["text"]["attention_mask"].numel()
+    return 1 - real / total
+
+
+def test_length_buckets_keep_every_sample_once_and_cut_padding(corpus):
+    plain = cfg_for(corpus, epochs=1)  # 30 captions and 30 texts, 2 + 2 a batch: both run out together
+    bucketed = cfg_for(corpus, epochs=1, length_buckets=4)
+    for source in ("text", "caption"):
+        assert sorted(keys_of(StreamLoader(bucketed), source)) == sorted(keys_of(StreamLoader(plain), source))
+    assert text_padding(StreamLoader(bucketed)) < 0.5 * text_padding(StreamLoader(plain))
+
+
+@pytest.mark.parametrize("workers,stop", [(0, 3), (2, 5)])
+def test_exact_resume_inside_a_length_pool(corpus, workers, stop):
+    cfg = cfg_for(corpus, num_workers=workers, length_buckets=3)
+    reference = [b for _, b in zip(range(stop + 6), StreamLoader(cfg), strict=False)]
+    first = StreamLoader(cfg)
+    for _, _b in zip(range(stop), first, strict=False):
+        pass
+    resumed = StreamLoader(cfg)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    got = [b for _, b in zip(range(6), resumed, strict=False)]
+    assert [b["text"]["keys"] for b in got] == [b["text"]["keys"] for b in reference[stop:]]
+    assert [b["caption"]["keys"] for b in got] == [b["caption"]["keys"] for b in reference[stop:]]
