@@ -57,9 +57,12 @@ class VLBertPretraining(nn.Module):
         metrics: dict[str, torch.Tensor] = {}
         if "caption" in batch:
             c = batch["caption"]
-            out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], images=c["images"],
-                             image_sizes=c["image_sizes"], boxes=c["boxes"], box_mask=c["box_mask"],
-                             masked_regions=c["masked_regions"])
+            if "region_features" in c:  # precomputed features (bottom-up TSV): no detector in the step
+                visual = {"region_features": c["region_features"], "image_hw": c["image_hw"]}
+            else:
+                visual = {"images": c["images"], "image_sizes": c["image_sizes"]}
+            out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
+                             box_mask=c["box_mask"], masked_regions=c["masked_regions"], **visual)
             mlm, mlm_acc = self._mlm(out, c)
             regions = out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]]  # [K, hidden], no whole image
             mrc_logits = self.model.masked_roi_classification(regions)

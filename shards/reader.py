@@ -15,7 +15,7 @@ decoding any image, and then continues with the identical shuffle state. Batches
 rotated so that worker 0 produces the next batch due.
 
 Length-aware batching (`length_buckets` > 1): each role reads a pool of that many batches' samples,
-sorts it by length (caption: words + regions; text: word-pieces), cuts it into batches of neighbours and
+sorts it by length (caption: regions, then words; text: word-pieces), cuts it into batches of neighbours and
 hands those out in a seeded random order. Every sample is still seen exactly once per epoch and computes
 the same thing (attention masks make a sample's outputs independent of its batch's padding); only
 padding shrinks. A role's position is then the pool's start plus the batches of it already delivered.
@@ -147,10 +147,21 @@ class _Source:
             self.epoch, self.pulled = self.epoch + 1, 0
 
 
-def length_groups(lengths: list[int], size: int, rng: random.Random) -> list[list[int]]:
-    """A pool's indices cut into batches of `size` samples of neighbouring length, batches shuffled."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    groups = [order[j: j + size] for j in range(0, len(order), size)]
+def length_groups(lengths: list, size: int, rng: random.Random) -> list[list[int]]:
+    """A pool's indices cut into batches of `size` samples of neighbouring length, batches shuffled.
+
+    A length may be a pair (regions, words): a caption batch pads its regions and its words separately,
+    to their own maxima, so the pool is sorted by regions, cut into about sqrt(batches) runs, and each run
+    sorted by words before it is cut into batches (on 10..100 regions this halves the padding of sorting by
+    the sum)."""
+    n = len(lengths)
+    if n and isinstance(lengths[0], (tuple, list)):
+        by_first = sorted(range(n), key=lambda i: (lengths[i][0], i))
+        run = size * max(1, round(math.sqrt(math.ceil(n / size))))
+        order = [i for s in range(0, n, run) for i in sorted(by_first[s: s + run], key=lambda i: (lengths[i][1], i))]
+    else:
+        order = sorted(range(n), key=lambda i: (lengths[i], i))
+    groups = [order[j: j + size] for j in range(0, n, size)]
     rng.shuffle(groups)
     return groups
 
@@ -187,8 +198,8 @@ class _Batches:
                 yield [samples[i] for i in group]
 
 
-def caption_length(sample: dict) -> int:
-    return len(sample["input_ids"]) + len(sample["boxes"])
+def caption_length(sample: dict) -> tuple[int, int]:
+    return len(sample["boxes"]), len(sample["input_ids"])
 
 
 def text_length(sample: dict) -> int:

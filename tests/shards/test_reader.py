@@ -142,6 +142,10 @@ def test_length_groups_by_hand():
 
     groups = length_groups([5, 1, 9, 3, 7, 2], 2, random.Random(0))
     assert sorted(groups) == [[1, 5], [3, 0], [4, 2]]  # neighbours by length: (1, 2), (3, 5), (7, 9)
+    # (regions, words): 8 samples in batches of 2 -> runs of 2 batches by regions, each run sorted by words
+    pairs = [(10, 9), (90, 1), (12, 1), (91, 8), (11, 5), (13, 2), (92, 2), (93, 9)]
+    groups = length_groups(pairs, 2, random.Random(0))
+    assert sorted(groups) == [[1, 6], [2, 5], [3, 7], [4, 0]]
 
 
 def text_padding(loader):
