@@ -89,8 +89,8 @@ def demo_reader(demo: str, buckets: int, n_batches: int = 150) -> dict:
     out = {}
     for name, k in (("plain", 1), ("buckets", buckets)):
         cfg = StreamConfig(caption_shards=f"{demo}/shards/captions-train/*.tar",
-                           text_shards=f"{demo}/shards/text/*.tar", caption_batch_size=4, text_batch_size=4, short_side=128, long_side=192, num_workers=1,
-                           length_buckets=k)
+                           text_shards=f"{demo}/shards/text/*.tar", caption_batch_size=4, text_batch_size=4,
+                           short_side=128, long_side=192, num_workers=1, length_buckets=k)
         real = total = 0.0
         for _, b in zip(range(n_batches), StreamLoader(cfg, rank=0, world_size=1), strict=False):
             c, t = b["caption"], b["text"]  # the masker adds [CLS]/[SEP]; count them here
