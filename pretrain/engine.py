@@ -131,12 +131,27 @@ def build_optimizer(module: torch.nn.Module, optim: OptimConfig, total_steps: in
     return optimizer, factor
 
 
-def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: int) -> dict:
+def bucket_elements(num_params: int) -> int:
+    """ZeRO communication bucket size for a model: an eighth of it, between 1M and DeepSpeed's default 500M
+    elements. DeepSpeed's default alone makes every ZeRO-3 rank hold a 500M-element bucket (1 GB in bf16),
+    several times the model states of a base-size model (docs/BENCHMARKS.md, ZeRO memory)."""
+    return int(min(500_000_000, max(1 << 20, num_params // 8))) // 64 * 64  # NCCL alignment
+
+
+def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: int,
+                     num_params: int | None = None) -> dict:
+    zero: dict = {"stage": cfg.zero_stage}
+    if num_params and cfg.zero_stage > 0:
+        bucket = bucket_elements(num_params)
+        zero.update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
+        if cfg.zero_stage == 3:
+            zero.update(stage3_prefetch_bucket_size=int(0.9 * bucket), stage3_max_live_parameters=2 * bucket,
+                        stage3_max_reuse_distance=2 * bucket)
     ds = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "gradient_clipping": optim.grad_clip,
-        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # torch AdamW (fused on CUDA) is ours, not DeepSpeed's
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
@@ -203,7 +218,8 @@ class Engine:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         optimizer, factor = build_optimizer(module, optim, cfg.steps)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=deepspeed_config(cfg, optim, micro_batch_size),
+            model=module, optimizer=optimizer, config=deepspeed_config(cfg, optim, micro_batch_size,
+                                                                      sum(p.numel() for p in module.parameters())),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
         self.device = self.engine.device
         # The per-step stop vote travels over a CPU (gloo) group: on NCCL a GPU tensor + .item() every
