@@ -46,6 +46,10 @@ fi
 if grep -q "data/demo/shards" "$config"; then
   python -m shards.demo --out data/demo
 fi
+if grep -q "runs/detector-demo/fast_rcnn.pt" "$config" && [ ! -f runs/detector-demo/fast_rcnn.pt ]; then
+  echo "launch/pretrain.sh: warming up the demo's Fast R-CNN first (launch/configs/detector_demo.yaml)" >&2
+  python -m pretrain.detector --config launch/configs/detector_demo.yaml
+fi
 launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
 [ -n "$hostfile" ] && launcher+=(--hostfile "$hostfile")
 [ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")

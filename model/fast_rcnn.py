@@ -93,6 +93,11 @@ class FastRCNN(nn.Module):
                 p.requires_grad_(False)
 
     def load_weights(self, path: str) -> None:
+        import os
+
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"fast_rcnn.weights: {path} not found (the demo's comes from `python -m "
+                                    f"pretrain.detector --config launch/configs/detector_demo.yaml`)")
         state = torch.load(path, map_location="cpu", weights_only=True)
         for wrapper in ("model", "state_dict"):
             if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
