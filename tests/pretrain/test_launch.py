@@ -71,3 +71,16 @@ def test_finetune_launchers_and_configs(task):
     else:
         assert (paper.optim.optimizer, paper.optim.lr) == ("adamw", 1e-4)
         assert paper.optim.warmup_steps == {"vqa": 2000, "refcoco": 500}[task]
+
+
+def test_zero_buckets_are_sized_to_the_model():
+    from pretrain.engine import EngineConfig, OptimConfig, bucket_elements, deepspeed_config
+
+    assert bucket_elements(10_000) == 1 << 20  # floor: 1M elements
+    assert bucket_elements(110_000_000) == 110_000_000 // 8 // 64 * 64  # BERT-base: 13.75M, 64-aligned
+    assert bucket_elements(10**12) == 500_000_000  # DeepSpeed's default is the ceiling
+    zero = deepspeed_config(EngineConfig(zero_stage=3), OptimConfig(), 8, 110_000_000)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 13_749_952
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 13_749_952)
+    assert deepspeed_config(EngineConfig(zero_stage=0), OptimConfig(), 8, 110_000_000)["zero_optimization"] == {
+        "stage": 0}
