@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
-from pretrain.engine import EngineConfig, OptimConfig
+from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments
 
 
 @dataclass
@@ -115,15 +114,13 @@ def copy_transform(dst: torch.nn.Module, src: torch.nn.Module) -> None:
 def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The image resized by VL-BERT's rule and its [N, 4] pixel boxes (x1, y1, x2, y2, original image)
     mapped onto it. A box outside the image by more than cfg.box_tolerance is an error naming `where`."""
-    from PIL import Image
-
-    from shards.reader import load_resized
+    from shards.reader import decode_resized
 
     try:
-        pil = Image.open(path)
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"{where}: image {path} not found (image root: {cfg.root})") from None
-    w, h = pil.size
+    image, scale, (w, h) = decode_resized(data, cfg.short_side, cfg.long_side)
     b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
     tol = cfg.box_tolerance
     bad = (b[:, 0] < -tol) | (b[:, 1] < -tol) | (b[:, 2] > w + tol) | (b[:, 3] > h + tol) | \
@@ -132,7 +129,6 @@ def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> t
         k = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{where}: box {k} {b[k].tolist()} lies outside the {w}x{h} image {path} or is empty")
     b = np.clip(b, 0, [w, h, w, h])
-    image, scale = load_resized(pil, cfg.short_side, cfg.long_side)
     return image, torch.from_numpy(b) * scale
 
 
@@ -288,11 +284,9 @@ def finetune_main(spec, argv: list[str] | None) -> int:
     evaluate(module, eval_set, cfg, run_dir, device) -> metrics dict, summary(metrics) -> str."""
     p = argparse.ArgumentParser(description=f"VL-BERT finetuning: {spec.name}", epilog=spec.doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help=f"{spec.config_cls.__name__} YAML (see launch/configs/{spec.name}_*.yaml)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    add_run_arguments(p, f"{spec.config_cls.__name__} YAML (see launch/configs/{spec.name}_*.yaml)",
+                      "epochs=2 optim.lr=1e-4")
     p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    p.add_argument("overrides", nargs="*", help="key=value, e.g. epochs=2 optim.lr=1e-4")
     args = p.parse_args(argv)
     from model.config import load_config
 

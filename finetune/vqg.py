@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from torch import nn
 
 from model.bert_gen import BertGen
 from model.config import load_config
-from pretrain.engine import EngineConfig, OptimConfig, to_device
+from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, to_device
 
 from .common import EpochLoader
 from .generate import DecodeConfig, generate
@@ -342,11 +341,8 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="BERT-gen visual question generation (one step of the protocol)",
                                 epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="VQGConfig YAML (see launch/configs/vqg_*.yaml)")
-    p.add_argument("--resume", action="store_true")
+    add_run_arguments(p, "VQGConfig YAML (see launch/configs/vqg_*.yaml)", "step=step2 inputs=image epochs=2")
     p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    p.add_argument("overrides", nargs="*", help="key=value, e.g. step=step2 inputs=image epochs=2")
     args = p.parse_args(argv)
     cfg = load_config(VQGConfig, args.config, args.overrides)
     if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):

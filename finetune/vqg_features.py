@@ -46,9 +46,8 @@ def build_detector(model_dir: str | None, backbone: str, weights: str | None, se
 def extract(detector, entries: list[tuple[str, np.ndarray]], image_root: Path, out: Path, *, short_side: int,
             long_side: int, batch_size: int = 8, progress: bool = True) -> int:
     """entries: (image path relative to image_root, pixel boxes [N, 4]) -> TSV lines; returns images written."""
-    from PIL import Image
 
-    from shards.reader import collate_captions, load_resized
+    from shards.reader import collate_captions, decode_resized
 
     detector.eval()
     written = 0
@@ -59,9 +58,8 @@ def extract(detector, entries: list[tuple[str, np.ndarray]], image_root: Path, o
             chunk = entries[start: start + batch_size]
             samples, originals = [], []
             for rel, bx in chunk:
-                with Image.open(image_root / rel) as pil:
-                    originals.append(pil.size)
-                    img, scale = load_resized(pil, short_side, long_side)
+                img, scale, size = decode_resized((image_root / rel).read_bytes(), short_side, long_side)
+                originals.append(size)
                 n = len(bx)  # the pretraining collator pads images and boxes; classes are not needed here
                 samples.append({"key": rel, "image": img, "boxes": torch.from_numpy(bx).float() * scale,
                                 "classes": torch.zeros(n, dtype=torch.long), "scores": torch.ones(n),

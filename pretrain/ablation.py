@@ -49,7 +49,7 @@ from model.boxes import box_iot, box_iou, normalise, with_whole_image
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import check_boxes, load_box_file
 from shards.flickr30k_entities import load_phrase_examples
-from shards.reader import collate_captions, load_resized, pad_ids
+from shards.reader import collate_captions, decode_resized, pad_ids
 from shards.skips import SkipLog
 
 LN2 = math.log(2.0)
@@ -186,11 +186,9 @@ class PhraseData:
 
     def _image(self, image_id: str):
         if image_id not in self._images:
-            from PIL import Image
-
             path = Path(self.cfg.images) / f"{image_id}.jpg"
-            with Image.open(path) as pil:
-                self._images[image_id] = load_resized(pil, self.cfg.short_side, self.cfg.long_side)
+            image, scale, _ = decode_resized(path.read_bytes(), self.cfg.short_side, self.cfg.long_side)
+            self._images[image_id] = image, scale
             while len(self._images) > 4 * self.cfg.batch_size:
                 self._images.popitem(last=False)
         return self._images[image_id]

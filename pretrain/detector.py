@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from model.config import FastRCNNConfig
 from shards.coco import read_instances, read_vocabularies
 from shards.skips import SkipLog
 
-from .engine import EngineConfig, OptimConfig
+from .engine import EngineConfig, OptimConfig, add_run_arguments
 
 
 @dataclass
@@ -196,10 +195,7 @@ def export_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Supervised Fast R-CNN warm-up on COCO-format boxes",
                                 epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="DetectorConfig YAML (see launch/configs/detector_demo.yaml)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    p.add_argument("overrides", nargs="*", help="key=value, e.g. epochs=2 optim.lr=5e-4")
+    add_run_arguments(p, "DetectorConfig YAML (see launch/configs/detector_demo.yaml)", "epochs=2 optim.lr=5e-4")
     args = p.parse_args(argv)
     from finetune.common import EpochLoader
     from model.config import load_config

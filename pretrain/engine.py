@@ -64,6 +64,15 @@ class EngineConfig:
     eval_every: int = 0  # run the evaluator (e.g. the cross-modal diagnostic) every N steps; 0 = never
 
 
+def add_run_arguments(parser, config_help: str, overrides_example: str) -> None:
+    """The command line every engine entry point shares: --config, --resume, the launcher's --local_rank
+    and key=value overrides of the config."""
+    parser.add_argument("--config", help=config_help)
+    parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    parser.add_argument("overrides", nargs="*", help=f"key=value, e.g. {overrides_example}")
+
+
 def init_distributed(local_rank: int) -> tuple[int, int]:
     """Join the job's process group (NCCL on GPUs, gloo on CPU) and pick this rank's GPU; without a
     launcher, a world of one (the engine runs on DeepSpeed either way). Returns (rank, world size)."""

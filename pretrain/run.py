@@ -9,7 +9,6 @@ Overrides address the config's sections: `engine.steps=200`, `data.caption_batch
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from model.config import load_config
 from shards.reader import StreamConfig
 
 from .ablation import DiagnosticConfig
-from .engine import EngineConfig, OptimConfig, to_device
+from .engine import EngineConfig, OptimConfig, add_run_arguments, to_device
 from .masking import MaskingConfig
 from .tasks import LossConfig
 
@@ -96,10 +95,7 @@ def draw_batch(batch: dict) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="VL-BERT pretraining (one process per rank)", epilog=__doc__)
-    p.add_argument("--config", help="PretrainConfig YAML (see launch/configs/)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    p.add_argument("overrides", nargs="*", help="key=value, e.g. engine.steps=200")
+    add_run_arguments(p, "PretrainConfig YAML (see launch/configs/)", "engine.steps=200")
     args = p.parse_args(argv)
     cfg = load_config(PretrainConfig, args.config, args.overrides)
 

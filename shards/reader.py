@@ -23,6 +23,7 @@ padding shrinks. A role's position is then the pool's start plus the batches of 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -69,23 +70,34 @@ def resize_scale(height: int, width: int, short_side: int, long_side: int) -> fl
     return scale
 
 
+def resized_size(width: int, height: int, short_side: int, long_side: int) -> tuple[int, int]:
+    """(new width, new height) by `resize_scale` (short_side 0 = keep the size)."""
+    scale = resize_scale(height, width, short_side, long_side) if short_side > 0 else 1.0
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _box_scale(w: int, h: int, nw: int, nh: int) -> torch.Tensor:
+    return torch.tensor([nw / w, nh / h, nw / w, nh / h])
+
+
 def load_resized(pil, short_side: int, long_side: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A PIL image -> uint8 [3, H, W] resized by `resize_scale` (0 = keep), and the [4] factor that maps
-    its pixel boxes (x1, y1, x2, y2) onto the resized image."""
+    its pixel boxes (x1, y1, x2, y2) onto the resized image. From a file or bytes, `decode_resized` is
+    faster for JPEGs."""
     from PIL import Image
 
     w, h = pil.size
-    scale = resize_scale(h, w, short_side, long_side) if short_side > 0 else 1.0
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    if scale < 0.5:
+    nw, nh = resized_size(w, h, short_side, long_side)
+    if nw < w / 2:
         pil.draft("RGB", (nw, nh))  # JPEG: decode at a reduced DCT scale, far cheaper than full size
     pil = pil.convert("RGB")
     if pil.size != (nw, nh):
         pil = pil.resize((nw, nh), Image.BILINEAR, reducing_gap=None)
     image = torch.from_numpy(np.array(pil)).permute(2, 0, 1)  # [3, H, W] uint8
-    return image, torch.tensor([nw / w, nh / h, nw / w, nh / h])
+    return image, _box_scale(w, h, nw, nh)
 
 
+@functools.cache
 def _torchvision_jpeg():
     """torchvision's JPEG decoder, or None where a torchvision release no longer has it (0.29 deprecates
     its image codecs in favour of TorchCodec): then PIL decodes."""
@@ -107,8 +119,9 @@ def decode_resized(data: bytes, short_side: int, long_side: int) -> tuple[torch.
 
     pil = Image.open(io.BytesIO(data))  # reads the header only
     w, h = pil.size
-    scale = resize_scale(h, w, short_side, long_side) if short_side > 0 else 1.0
-    decode_jpeg = _torchvision_jpeg() if pil.format == "JPEG" and pil.mode in ("RGB", "L") and scale >= 0.5 else None
+    nw, nh = resized_size(w, h, short_side, long_side)
+    fast = pil.format == "JPEG" and pil.mode in ("RGB", "L") and nw >= w / 2
+    decode_jpeg = _torchvision_jpeg() if fast else None
     if decode_jpeg is None:
         image, box_scale = load_resized(pil, short_side, long_side)
         return image, box_scale, (w, h)
@@ -118,10 +131,9 @@ def decode_resized(data: bytes, short_side: int, long_side: int) -> tuple[torch.
     with warnings.catch_warnings():  # the deprecation notice comes with every call
         warnings.simplefilter("ignore", DeprecationWarning)
         image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    if (nh, nw) != (h, w):
+    if (nw, nh) != (w, h):
         image = TF.resize(image, [nh, nw], interpolation=TF.InterpolationMode.BILINEAR, antialias=True)
-    return image, torch.tensor([nw / w, nh / h, nw / w, nh / h]), (w, h)
+    return image, _box_scale(w, h, nw, nh), (w, h)
 
 
 # --- one source (captions or text) for one role ------------------------------------------------------
@@ -252,7 +264,6 @@ class CaptionDecoder:
         self.cfg = cfg
 
     def __call__(self, record: dict) -> dict:
-
         cfg = self.cfg
         for member in ("json", "jpg"):
             if member not in record:

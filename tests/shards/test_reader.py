@@ -181,7 +181,7 @@ def test_exact_resume_inside_a_length_pool(corpus, workers, stop):
 @pytest.mark.parametrize("size,short,long", [((96, 64), 128, 192), ((300, 200), 100, 160), ((40, 30), 0, 0)])
 def test_fast_jpeg_path_matches_pil(size, short, long):
     """torchvision's decoder + uint8 resize against PIL's (`load_resized`), on the same JPEG bytes: the same
-    shape and box scale, pixels equal up to rounding. (300, 200) -> 100 is a 1/2 downscale: PIL's path."""
+    shape and box scale, pixels equal up to rounding. (300, 200) -> 100 is a 1/2 downscale, the fast path's limit."""
     import io
 
     import numpy as np
