@@ -50,6 +50,13 @@ if grep -q "runs/detector-demo/fast_rcnn.pt" "$config" && [ ! -f runs/detector-d
   echo "launch/pretrain.sh: warming up the demo's Fast R-CNN first (launch/configs/detector_demo.yaml)" >&2
   python -m pretrain.detector --config launch/configs/detector_demo.yaml
 fi
+feats=data/demo/shards/features-train/manifest.json
+if grep -q "data/demo/shards/features-train" "$config" && \
+    { [ ! -f "$feats" ] || [ data/demo/shards/captions-train/manifest.json -nt "$feats" ]; }; then
+  echo "launch/pretrain.sh: writing the demo's region features first (python -m shards.features)" >&2
+  python -m shards.features --config "$config" --input 'data/demo/shards/captions-train/*.tar' \
+    --out data/demo/shards/features-train
+fi
 launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
 [ -n "$hostfile" ] && launcher+=(--hostfile "$hostfile")
 [ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")

@@ -139,6 +139,10 @@ class VLBertConfig:
     visual_dropout: float = 0.1
     visual_ln_init: float = 0.0  # initial LayerNorm gain of the visual terms: 0 = start as pure BERT
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
+    # "pixels": the Fast R-CNN is part of the model and trained end to end (VL-BERT); "features": the
+    # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m shards.features`),
+    # and `fast_rcnn` describes that extractor (its weights file is kept, so evaluation can rerun it)
+    region_input: str = "pixels"
     fast_rcnn: FastRCNNConfig = field(default_factory=FastRCNNConfig)
     gradient_checkpointing: bool = False  # recompute each layer in backward: memory for compute
 

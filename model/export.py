@@ -38,7 +38,9 @@ def load_config_dir(path: str | Path) -> VLBertConfig:
         data = yaml.safe_load((path / "config.yaml").read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no config.yaml (not an exported VL-BERT directory)") from None
-    data["fast_rcnn"]["weights"] = None  # the exported weights already hold the detector's
+    if data.get("region_input", "pixels") == "pixels":
+        data["fast_rcnn"]["weights"] = None  # the exported weights already hold the detector's
+    # a features model keeps its extractor's weights file: evaluation on new images reruns it
     return from_dict(VLBertConfig, data, str(path / "config.yaml"))
 
 

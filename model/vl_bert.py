@@ -142,7 +142,10 @@ class VLBert(nn.Module):
         self.embeddings = VLBertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg)
-        self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if with_fast_rcnn and cfg.visual_embedding == "vlbert" else None
+        if cfg.region_input not in ("pixels", "features"):
+            raise ValueError(f"region_input: '{cfg.region_input}' is not 'pixels' or 'features'")
+        end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
+        self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
         if cfg.visual_embedding == "vlbert":
             appearance = self.fast_rcnn.feature_size if self.fast_rcnn is not None else cfg.precomputed_feature_size
             self.embeddings.build_visual_feature_embedding(appearance)
@@ -189,6 +192,9 @@ class VLBert(nn.Module):
         else:
             if image_hw is None:
                 raise ValueError("precomputed region features need image_hw [B, 2] to normalise the boxes")
+            if region_features.shape[-1] != self.cfg.precomputed_feature_size:
+                raise ValueError(f"region features are {region_features.shape[-1]}-d, the model's "
+                                 f"precomputed_feature_size is {self.cfg.precomputed_feature_size}")
             hw = image_hw
             keep = (box_mask & ~masked_regions).unsqueeze(-1)
             feats = region_features.masked_fill(~keep, 0.0)

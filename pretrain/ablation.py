@@ -127,10 +127,14 @@ class PhraseData:
     """The split's phrase examples with their regions, tokenised once; batches keep image order so a
     batch decodes few images."""
 
-    def __init__(self, cfg: DiagnosticConfig, tokenizer, num_classes: int | None):
+    def __init__(self, cfg: DiagnosticConfig, tokenizer, num_classes: int | None, extractor=None):
         """num_classes: the model's MRC classes, checked against the box file (None: not checked, for a
-        text-only model that scores no region)."""
+        text-only model that scores no region). extractor: for a model that reads precomputed features
+        (`region_input: features`), the frozen Fast R-CNN that made its training features
+        (`shards.features.FeatureExtractor`); batches then carry region_features + image_hw."""
         self.cfg = cfg
+        self.extractor = extractor
+        self._features: dict[int, list[torch.Tensor]] = {}
         examples, self.left_out = load_phrase_examples(cfg.flickr_root, cfg.split)
         box_skips = SkipLog("box file lines")
         boxes = load_box_file(cfg.boxes, box_skips, num_classes)
@@ -202,6 +206,11 @@ class PhraseData:
                 samples.append({"key": it.image_id, "image": image, "boxes": it.boxes * scale, "scores": it.scores,
                                 "classes": it.classes, "class_probs": it.probs, "input_ids": it.ids})
                 golds.append(it.gold * scale)
+            if self.extractor is not None:  # the same extractor as in training, once per batch
+                if start not in self._features:
+                    self._features[start] = self.extractor(samples)
+                for sample, feats in zip(samples, self._features[start], strict=True):
+                    sample["region_features"], sample["image_hw"] = feats, tuple(sample.pop("image").shape[1:])
             batch = collate_captions(samples)
             batch["phrase"], _ = pad_ids([it.phrase.long() for it in chunk])
             batch["phrase"] = batch["phrase"].bool()
@@ -510,9 +519,9 @@ class PeriodicDiagnostic:
     Every rank evaluates the same examples, so every rank makes the same forward calls (ZeRO-3 gathers
     parameters collectively); the values agree and rank 0 logs them."""
 
-    def __init__(self, cfg: DiagnosticConfig, tokenizer, num_classes: int):
+    def __init__(self, cfg: DiagnosticConfig, tokenizer, num_classes: int, extractor=None):
         self.cfg = cfg
-        self.data = PhraseData(cfg, tokenizer, num_classes)
+        self.data = PhraseData(cfg, tokenizer, num_classes, extractor)
 
     def __call__(self, model: VLBertForPretraining, device) -> dict[str, float]:
         values = evaluate(Ablator(model, device), self.data, tau=self.cfg.tau, progress=False)
@@ -524,6 +533,15 @@ class PeriodicDiagnostic:
 
 
 # --- command line -------------------------------------------------------------------------------------
+
+def feature_extractor(model: VLBertForPretraining, device="cpu"):
+    """The frozen Fast R-CNN a features model (`region_input: features`) was trained on, else None."""
+    if model.cfg.region_input != "features" or model.cfg.visual_embedding != "vlbert":
+        return None
+    from shards.features import FeatureExtractor
+
+    return FeatureExtractor(model.cfg.fast_rcnn, device)
+
 
 def _text_baseline(path: str) -> tuple[VLBertForPretraining, Path]:
     from model.hf_import import config_from_hf, load_hf_bert
@@ -576,8 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, load, with_image in runs:
         model, tokenizer_dir = load()
         model = model.to(args.device).eval()
-        data = PhraseData(cfg, load_tokenizer(str(tokenizer_dir)),
-                          model.cfg.fast_rcnn.num_classes if with_image else None)
+        data = PhraseData(cfg, load_tokenizer(str(tokenizer_dir)), model.cfg.fast_rcnn.num_classes if with_image
+                          else None, feature_extractor(model, args.device))
         values = evaluate(Ablator(model, args.device), data, image=with_image, tau=cfg.tau,
                           sweep=cfg.sweep if with_image else None, desc=name)
         np.savez_compressed(out / f"per_example_{''.join(c if c.isalnum() else '_' for c in name)}.npz", **values)

@@ -3,8 +3,9 @@
 - Masked language modelling: 15% of words, whole words (every word-piece of a chosen word), each
   chosen piece 80% [MASK] / 10% a random word / 10% unchanged.
 - Masked RoI classification: 15% of regions (the whole-image region is added inside the model and
-  is never among them); 90% of those have their pixels zeroed before the Fast R-CNN, 10% stay
-  visible; optionally regions overlapping a zeroed one (IoU above a threshold) are zeroed too.
+  is never among them); 90% of those have their pixels zeroed before the Fast R-CNN (their features,
+  with precomputed features), 10% stay visible; optionally regions overlapping a zeroed one (IoU
+  above a threshold) are zeroed too.
 - Caption samples hold at most `max_caption_elements` words + regions: the lowest-scoring regions or
   the caption tail go, whichever is longer, one at a time, as the official code does.
 
@@ -35,8 +36,8 @@ class MaskingConfig:
     co_mask_iou: float | None = None  # zero regions overlapping a zeroed one above this IoU; None = off
     max_caption_elements: int = 64  # words + regions of a caption sample
     # Control for the cross-modal ablation diagnostic: every caption image becomes a constant grey (the
-    # detector's pixel mean, which normalises to 0), so the model pretrains with vision always ablated;
-    # boxes, and so region geometry, stay.
+    # detector's pixel mean, which normalises to 0), or with precomputed features every feature becomes
+    # 0, so the model pretrains with vision always ablated; boxes, and so region geometry, stay.
     ablate_image: bool = False
 
 
@@ -129,10 +130,15 @@ class PretrainMasker:
         probs = batch.get("class_probs")
         if probs is None:  # no detector distributions stored: the detector's class as a one-hot target
             probs = torch.nn.functional.one_hot(batch["box_classes"].clamp(min=0), self.num_classes)
-        images = batch["images"]
-        if c.ablate_image:
-            images = self.grey.expand_as(images).clone()
-        out.update({"images": images, "image_sizes": batch["image_sizes"], "boxes": batch["boxes"],
+        if "region_features" in batch:  # precomputed features: the model zeroes the masked ones
+            feats = batch["region_features"]
+            visual = {"region_features": torch.zeros_like(feats) if c.ablate_image else feats,
+                      "image_hw": batch["image_hw"]}
+        else:
+            images = batch["images"]
+            visual = {"images": self.grey.expand_as(images).clone() if c.ablate_image else images,
+                      "image_sizes": batch["image_sizes"]}
+        out.update({**visual, "boxes": batch["boxes"],
                     "box_mask": box_mask, "masked_regions": zeroed, "mrc_positions": positions,
                     "mrc_probs": probs.flatten(0, 1)[positions].float(),
                     "mrc_labels": batch["box_classes"].flatten()[positions]})

@@ -128,15 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     module = VLBertPretraining(model, cfg.losses)
     evaluate = None
     if cfg.diagnostic is not None and cfg.engine.eval_every:
-        from .ablation import PeriodicDiagnostic
+        from .ablation import PeriodicDiagnostic, feature_extractor
 
-        diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes)
+        diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes,
+                                        feature_extractor(model))
 
         def evaluate(module, device):
             return diagnostic(module.model, device)
     engine = Engine(module, loader, cfg.engine, cfg.optim, evaluate=evaluate,
                     micro_batch_size=cfg.data.caption_batch_size + cfg.data.text_batch_size,
-                    count_batch=count_batch, draw_batch=draw_batch,
+                    count_batch=count_batch,
+                    draw_batch=draw_batch if model_cfg.region_input == "pixels" else None,
                     run_info={"config": asdict(cfg), "model": asdict(model_cfg),
                               "world_size": torch.distributed.get_world_size()})
     last = engine.train(resume=args.resume)

@@ -264,14 +264,27 @@ class CaptionDecoder:
         self.cfg = cfg
 
     def __call__(self, record: dict) -> dict:
+        """A caption sample: the resized image (uint8 [3, h, w]) with boxes in its pixels, or, for a
+        features shard (`shards.features`), region_features [N, F] with boxes in the original image's
+        pixels and image_hw (h, w) of that image."""
         cfg = self.cfg
-        for member in ("json", "jpg"):
+        features = "feats.npy" in record
+        for member in ("json",) if features else ("json", "jpg"):
             if member not in record:
                 raise KeyError(f"missing member '{member}'")
         meta = json.loads(record["json"])
-        image, box_scale, (w, h) = decode_resized(record["jpg"], cfg.short_side, cfg.long_side)
-        if (meta["width"], meta["height"]) != (w, h):
-            raise ValueError(f"JSON says {meta['width']}x{meta['height']}, image is {w}x{h}")
+        visual: dict = {}
+        if features:
+            feats = torch.from_numpy(np.load(io.BytesIO(record["feats.npy"]), allow_pickle=False))
+            if feats.ndim != 2 or len(feats) != len(meta["boxes"]):
+                raise ValueError(f"feats.npy has shape {list(feats.shape)}, the JSON has {len(meta['boxes'])} boxes")
+            visual = {"region_features": feats.float(), "image_hw": (meta["height"], meta["width"])}
+            box_scale = torch.ones(4)
+        else:
+            image, box_scale, (w, h) = decode_resized(record["jpg"], cfg.short_side, cfg.long_side)
+            if (meta["width"], meta["height"]) != (w, h):
+                raise ValueError(f"JSON says {meta['width']}x{meta['height']}, image is {w}x{h}")
+            visual = {"image": image}
         boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4) * box_scale
         scores = torch.tensor(meta["scores"], dtype=torch.float32)
         classes = torch.tensor(meta["classes"], dtype=torch.long)
@@ -282,8 +295,10 @@ class CaptionDecoder:
             keep = torch.argsort(scores, descending=True, stable=True)[: cfg.max_regions]
             boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
             probs = probs[keep] if probs is not None else None
+            if features:
+                visual["region_features"] = visual["region_features"][keep]
         ids = load_tokenizer(cfg.tokenizer)(meta["caption"], add_special_tokens=False)["input_ids"]
-        return {"key": record["__key__"], "image": image, "boxes": boxes, "scores": scores,
+        return {"key": record["__key__"], **visual, "boxes": boxes, "scores": scores,
                 "classes": classes, "class_probs": probs, "input_ids": torch.tensor(ids, dtype=torch.long)}
 
 
@@ -317,11 +332,23 @@ def pad_images(images: list[torch.Tensor], size_divisibility: int = 32) -> tuple
 
 
 def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
-    """Pads images (uint8, top-left aligned), boxes and words into batch tensors with masks."""
+    """Pads images (uint8, top-left aligned) or region features, boxes and words into batch tensors
+    with masks."""
     b = len(samples)
-    images, image_sizes = pad_images([s["image"] for s in samples], size_divisibility)
     n = max(len(s["boxes"]) for s in samples)
-    boxes = torch.zeros((b, n, 4))  # [B, N, 4] pixels of the resized image
+    features = "region_features" in samples[0]
+    if features != all("region_features" in s for s in samples):
+        raise ValueError("a batch mixes samples with images and samples with precomputed features")
+    if features:
+        region_features = torch.zeros((b, n, samples[0]["region_features"].shape[1]))
+        for i, s in enumerate(samples):
+            region_features[i, : len(s["region_features"])] = s["region_features"]
+        visual = {"region_features": region_features,  # [B, N, F]
+                  "image_hw": torch.tensor([list(s["image_hw"]) for s in samples])}  # [B, 2] (h, w)
+    else:
+        images, image_sizes = pad_images([s["image"] for s in samples], size_divisibility)
+        visual = {"images": images, "image_sizes": image_sizes}  # image_sizes [B, 2] (h, w)
+    boxes = torch.zeros((b, n, 4))  # [B, N, 4] pixels of the resized image (of the original: features)
     box_mask = torch.zeros((b, n), dtype=torch.bool)
     classes = torch.full((b, n), -1, dtype=torch.long)
     scores = torch.zeros((b, n))
@@ -333,8 +360,7 @@ def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
         if with_probs:
             probs[i, :k] = s["class_probs"]
     ids, mask = pad_ids([s["input_ids"] for s in samples])
-    return {"keys": [s["key"] for s in samples], "images": images,
-            "image_sizes": image_sizes,  # [B, 2] (h, w)
+    return {"keys": [s["key"] for s in samples], **visual,
             "boxes": boxes, "box_mask": box_mask, "box_classes": classes, "box_scores": scores,
             "class_probs": probs, "input_ids": ids, "attention_mask": mask}
 

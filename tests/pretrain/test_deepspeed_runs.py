@@ -148,3 +148,35 @@ def test_sigterm_stops_gracefully_with_a_usable_checkpoint(tmp_path, demo_corpus
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-x", "-q"]))
+
+
+def test_two_rank_run_on_precomputed_features_with_the_diagnostic(tmp_path, demo_corpus):
+    """`python -m shards.features`, then pretraining that reads its shards (no detector in the step)
+    with the periodic diagnostic rerunning the same extractor on the held-out images."""
+    import torch
+
+    from model.config import model_config
+    from model.fast_rcnn import FastRCNN
+
+    config = tiny_config(tmp_path, demo_corpus, "feats", diagnostic=True, steps=12, eval_every=6)
+    cfg = yaml.safe_load(config.read_text())
+    torch.manual_seed(0)
+    weights = tmp_path / "fast_rcnn.pt"
+    torch.save(FastRCNN(model_config("tiny", updates=cfg["model"]).fast_rcnn).state_dict(), weights)
+    cfg["model"].update({"region_input": "features", "precomputed_feature_size": 512, "visual_ln_init": 0.05})
+    cfg["model"]["fast_rcnn"]["weights"] = str(weights)
+    cfg["data"]["caption_shards"] = str(tmp_path / "features" / "*.tar")
+    config.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "shards.features", "--config", str(config), "--input",
+                    str(demo_corpus / "shards/captions-train/*.tar"), "--out", str(tmp_path / "features"),
+                    "--samples-per-shard", "8"], cwd=ROOT, env=env, check=True, capture_output=True)
+    out = launch(config)
+    rows = metrics(tmp_path / "feats")
+    assert sorted(rows) == list(range(1, 13)) and all(math.isfinite(r["loss/mrc"]) for r in rows.values())
+    evals = [json.loads(line) for line in (tmp_path / "feats" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [6, 12]
+    assert all(math.isfinite(e["xmodal/v4l/object"]) and math.isfinite(e["xmodal/l4v_kl/all"]) for e in evals)
+    verify = json.loads((tmp_path / "feats" / "export" / "verify.json").read_text())
+    assert verify["max_abs_loss_diff"] < 1e-5, verify
+    assert "exported fp32 weights" in out
