@@ -32,7 +32,7 @@ import webdataset as wds
 from tqdm import tqdm
 
 from .caption_inputs import expand_paths
-from .reader import CaptionDecoder, collate_captions
+from .reader import CaptionDecoder, collate_captions, kept_regions
 from .sink import ShardSink
 from .skips import SkipLog
 
@@ -79,7 +79,7 @@ def write_features(inputs: list[str], out_dir: str | Path, extractor: FeatureExt
             meta_in = json.loads(record["json"])
             keep = len(sample["boxes"])
             if len(meta_in["boxes"]) > keep:  # the decoder kept the highest-scoring boxes: store those
-                order = np.argsort(-np.asarray(meta_in["scores"], dtype=np.float32), kind="stable")[:keep]
+                order = kept_regions(torch.tensor(meta_in["scores"], dtype=torch.float32), keep).tolist()
                 for k in ("boxes", "classes", "scores"):
                     meta_in[k] = [meta_in[k][i] for i in order]
             out = {"__key__": record["__key__"], "json": json.dumps(meta_in).encode(),

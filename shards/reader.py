@@ -259,6 +259,11 @@ def text_length(sample: dict) -> int:
 
 # --- decoding ----------------------------------------------------------------------------------------
 
+def kept_regions(scores: torch.Tensor, max_regions: int) -> torch.Tensor:
+    """Indices of the regions a caption sample keeps: the highest scores first, ties in stored order."""
+    return torch.argsort(scores, descending=True, stable=True)[:max_regions]
+
+
 class CaptionDecoder:
     def __init__(self, cfg: StreamConfig):
         self.cfg = cfg
@@ -292,7 +297,7 @@ class CaptionDecoder:
         if "probs.npy" in record:
             probs = torch.from_numpy(np.load(io.BytesIO(record["probs.npy"])).astype(np.float16))
         if len(boxes) > cfg.max_regions:
-            keep = torch.argsort(scores, descending=True, stable=True)[: cfg.max_regions]
+            keep = kept_regions(scores, cfg.max_regions)
             boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
             probs = probs[keep] if probs is not None else None
             if features:
