@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VLBertConfig
-from .encoder import KVCache
+from .encoder import KVBuffer
 from .vl_bert import SEGMENT_A, SEGMENT_B, VLBertForPretraining
 
 INPUT, TARGET, PSEUDO_MASK = 0, 1, 2  # element kinds for the attention rule
@@ -146,7 +146,8 @@ class BertGen(nn.Module):
         """Encode X once; its keys/values become the cache every step extends."""
         out = self.bert.encode(inp.embeddings, inp.mask, use_cache=True)
         zeros = torch.zeros_like(inp.mask, dtype=torch.long)
-        return DecodeState(out.cache, zeros, zeros.clone(), inp.mask, inp.length, 0)
+        cache = [KVBuffer.holding(k, v, spare=32) for k, v in out.cache]  # grows if a decode runs longer
+        return DecodeState(cache, zeros, zeros.clone(), inp.mask, inp.length, 0)
 
     def step(self, state: DecodeState, last: torch.Tensor | None) -> tuple[torch.Tensor, DecodeState]:
         """Append y_{t-1} (`last` [B]; None at t = 1) and a pseudo-[MASK]_t; return log P(y_t | X, y_<t)
@@ -170,8 +171,8 @@ class BertGen(nn.Module):
         mask = attention_rule(q_kind, q_time, k_kind, k_time, torch.cat([state.key_mask, ones], 1))
         out = self.bert.encode(x, mask, past=state.cache, use_cache=True)
         logp = self.model.mlm_head(out.last_hidden_state[:, -1]).float().log_softmax(-1)
-        keep = -1  # everything but the pseudo-mask just appended
-        cache = [(k[:, :, :keep], v[:, :, :keep]) for k, v in out.cache]
+        keep = -1  # everything but the pseudo-mask just appended (the next step writes over its slot)
+        cache = [kv.truncate(kv.length - 1) for kv in out.cache]
         if last is None:
             new = DecodeState(cache, state.kind, state.time, state.key_mask, state.length, t)
         else:
@@ -205,7 +206,7 @@ class BertGen(nn.Module):
 
 @dataclass
 class DecodeState:
-    cache: KVCache  # per layer [B, heads, L, head_dim]: X and y_<t
+    cache: list[KVBuffer]  # per layer [B, heads, L, head_dim]: X and y_<t
     kind: torch.Tensor  # [B, L] kinds of the cached elements
     time: torch.Tensor  # [B, L]
     key_mask: torch.Tensor  # [B, L] real cached elements
@@ -214,7 +215,7 @@ class DecodeState:
 
     def select(self, index: torch.Tensor) -> DecodeState:
         """Rows `index` (beam reordering, or expanding each input to k beams)."""
-        return DecodeState([(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cache],
+        return DecodeState([kv.index_select(index) for kv in self.cache],
                            self.kind.index_select(0, index), self.time.index_select(0, index),
                            self.key_mask.index_select(0, index), self.length.index_select(0, index), self.steps)
 

@@ -16,8 +16,51 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import VLBertConfig
+from .dropout import Dropout, dropout, dropout_add
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, heads, L_past, head_dim]
+
+@dataclass(frozen=True)
+class KVBuffer:
+    """One layer's keys and values in preallocated storage [B, heads, capacity, head_dim], of which the
+    first `length` positions are valid. A decoder appends in place, where a plain (keys, values) past is
+    concatenated: copying the whole cache at every step, in every layer, was most of a cached decoding
+    step. Buffers derived from one another share storage, so only the newest may be extended."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    length: int
+
+    @classmethod
+    def holding(cls, keys: torch.Tensor, values: torch.Tensor, spare: int) -> KVBuffer:
+        """A buffer with `keys`/`values` [B, heads, L, head_dim] and room for `spare` more positions."""
+        b, h, n, d = keys.shape
+        buf = cls(keys.new_empty(b, h, n + spare, d), values.new_empty(b, h, n + spare, d), 0)
+        return buf.extend(keys, values)
+
+    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> KVBuffer:
+        end = self.length + keys.shape[2]
+        k_buf, v_buf = self.keys, self.values
+        if end > k_buf.shape[2]:  # grow geometrically, so appending stays amortised O(new positions)
+            spare = max(end, 2 * k_buf.shape[2]) - self.length
+            return KVBuffer.holding(*self.kv, spare).extend(keys, values)
+        k_buf[:, :, self.length: end] = keys
+        v_buf[:, :, self.length: end] = values
+        return KVBuffer(k_buf, v_buf, end)
+
+    @property
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+    def truncate(self, length: int) -> KVBuffer:
+        return KVBuffer(self.keys, self.values, length)
+
+    def index_select(self, index: torch.Tensor) -> KVBuffer:
+        """Rows `index` of the batch (beam reordering), in new storage."""
+        return KVBuffer(self.keys.index_select(0, index), self.values.index_select(0, index), self.length)
+
+
+# per layer: (keys, values) [B, heads, L_past, head_dim], or a KVBuffer to append to in place
+KVCache = list[tuple[torch.Tensor, torch.Tensor] | KVBuffer]
 
 
 def attention_bias(mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
@@ -44,22 +87,32 @@ class BertSelfAttention(nn.Module):
         b, l, _ = x.shape
         return x.view(b, l, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, L, head_dim]
 
-    def forward(self, x, bias, past: tuple[torch.Tensor, torch.Tensor] | None = None, want_probs: bool = False):
+    def forward(self, x, bias, past: tuple[torch.Tensor, torch.Tensor] | KVBuffer | None = None,
+                want_probs: bool = False):
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
-        if past is not None:
+        kv = (k, v)
+        if isinstance(past, KVBuffer):
+            kv = past.extend(k, v)
+            k, v = kv.kv
+        elif past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+            kv = (k, v)
         probs = None
-        if want_probs:  # analysis path: SDPA does not return the attention map
-            scores = (q @ k.transpose(-1, -2)) / self.head_dim ** 0.5
+        p = self.dropout_p if self.training else 0.0
+        # SDPA's CPU kernel has no dropout: with it, SDPA runs its math path, which samples the attention
+        # dropout with bernoulli_ and scales both q and k; this path does the same math with the cheap
+        # sampling. It is also the analysis path, as SDPA does not return the attention map.
+        if want_probs or (p > 0.0 and q.device.type == "cpu"):
+            scores = (q * self.head_dim ** -0.5) @ k.transpose(-1, -2)
             if bias is not None:
                 scores = scores.masked_fill(~bias, torch.finfo(scores.dtype).min)
             probs = scores.softmax(-1)
-            out = F.dropout(probs, self.dropout_p, self.training) @ v
+            out = dropout(probs, p) @ v
+            probs = probs if want_probs else None
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
-                                                 dropout_p=self.dropout_p if self.training else 0.0)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
         b, _, l, _ = out.shape
-        return out.transpose(1, 2).reshape(b, l, -1), (k, v), probs
+        return out.transpose(1, 2).reshape(b, l, -1), kv, probs
 
 
 class BertOutput(nn.Module):
@@ -70,10 +123,10 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, h, residual):
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+        return self.LayerNorm(dropout_add(self.dense(h), residual, self.dropout.p, self.training))
 
 
 class BertAttention(nn.Module):

