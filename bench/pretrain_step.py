@@ -35,6 +35,11 @@ SHAPES = {
 }
 
 
+COLUMNS = ["shape", "samples/step", "ours samples/s", "plain loop samples/s", "ours / plain",
+           "GFLOP/step (transformer / CNN)", "util.", "CNN share of step", "util. CNN / transformer"]
+HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS)
+
+
 def make_batches(shape: dict, n: int, demo_dir: str):
     from pretrain.masking import MaskingConfig, PretrainMasker
     from shards.reader import StreamConfig, StreamLoader
@@ -114,19 +119,35 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
             step(b)
         return (time.perf_counter() - t) / steps
 
-    results = {"ours": [], "plain": []}
+    def cnn_only():
+        # the detector's share of a step: its forward and backward on the same images and boxes, with
+        # the gradient the transformer would send replaced by a sum (same shapes, same kernels)
+        detector = base.model.vl_bert.fast_rcnn
+
+        def one(b):
+            c = b["caption"]
+            out = detector(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
+            (out["appearance"].sum() + out["class_logits"].sum()).backward()
+            detector.zero_grad(set_to_none=True)
+        return one
+
+    results = {"ours": [], "plain": [], "cnn": []}
     for _ in range(repeats):  # interleaved
         results["ours"].append(timed(ours))
         results["plain"].append(timed(plain))
+        results["cnn"].append(timed(cnn_only))
     samples = shape["captions"] + shape["texts"]
     peak = measured_matmul_peak()
     total = flops["transformer"] + flops["cnn"]
-    t_ours = statistics.median(results["ours"])
+    t_ours, t_cnn = statistics.median(results["ours"]), statistics.median(results["cnn"])
+    t_rest = statistics.median(results["plain"]) - t_cnn  # transformer, heads, losses, optimizer
     return {"shape": name, "samples_per_step": samples, "seconds_per_step": results,
-            "samples_per_s": {k: [samples / s for s in v] for k, v in results.items()},
+            "samples_per_s": {k: [samples / s for s in v] for k, v in results.items() if k != "cnn"},
             "ratio": [p / o for o, p in zip(results["ours"], results["plain"])],
             "flops_per_step": flops, "matmul_peak_flops": peak,
-            "utilisation": {"total": total / t_ours / peak, "transformer_share_of_flops": flops["transformer"] / total}}
+            "cnn_share_of_plain_step": t_cnn / statistics.median(results["plain"]),
+            "utilisation": {"total": total / t_ours / peak, "transformer_share_of_flops": flops["transformer"] / total,
+                            "cnn": flops["cnn"] / t_cnn / peak, "transformer": flops["transformer"] / t_rest / peak}}
 
 
 def main(argv=None):
@@ -159,7 +180,8 @@ def main(argv=None):
                         f"{median_range(sps['plain'])} | {statistics.median(r['ratio']):.2f} "
                         f"({min(r['ratio']):.2f}-{max(r['ratio']):.2f}) | "
                         f"{r['flops_per_step']['transformer'] / 1e9:.1f} / {r['flops_per_step']['cnn'] / 1e9:.1f} | "
-                        f"{100 * r['utilisation']['total']:.1f}% |")
+                        f"{100 * r['utilisation']['total']:.1f}% | {100 * r['cnn_share_of_plain_step']:.0f}% | "
+                        f"{100 * r['utilisation']['cnn']:.1f}% / {100 * r['utilisation']['transformer']:.1f}% |")
         update_section("pretrain_step", f"""
 ## Pretraining step: DeepSpeed engine vs a plain PyTorch loop
 
@@ -168,10 +190,11 @@ pre-made batches (data loading excluded) for both; {args.steps} timed steps afte
 {args.repeats} interleaved repeats; median (min-max). Utilisation = counted model FLOPs (`model/flops.py`:
 transformer 6N per token + attention + heads at masked positions; CNN by FlopCounterMode, x3 for
 backward) per second of our step, over a {2048}^3 fp32 GEMM measured in the same run
-({out[0]['matmul_peak_flops'] / 1e9:.0f} GFLOP/s). Machine: {machine()}.
+({out[0]['matmul_peak_flops'] / 1e9:.0f} GFLOP/s). By part: the detector's forward + backward timed alone on the
+same batches (its share of the plain loop's step), and the transformer part = the plain step minus that
+(so it carries the heads, losses and optimizer). Machine: {machine()}.
 
-| shape | samples/step | ours samples/s | plain loop samples/s | ours / plain | GFLOP/step (transformer / CNN) | util. |
-| --- | --- | --- | --- | --- | --- | --- |
+{HEADER}
 {chr(10).join(rows)}
 """)
     return out

@@ -32,7 +32,7 @@ class MaskedLanguageModelingHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] (pass only the masked positions: logits over 30k words are costly)."""
-        return self.decoder(self.transform(hidden)) + self.bias
+        return F.linear(self.transform(hidden), self.decoder.weight, self.bias)  # bias inside the GEMM
 
 
 class MaskedRoIClassificationHead(nn.Module):
