@@ -10,6 +10,7 @@ is samples/s, median of several passes, and the ratio of the two in the same run
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -54,6 +55,16 @@ class FolderDataset(Dataset):
                 "class_probs": torch.from_numpy(entry.class_probs), "input_ids": torch.tensor(ids)}
 
 
+def image_padding(cfg: StreamConfig, batches: int = 20) -> float:
+    """Share of the padded image tensors' pixels that are padding, over the first batches."""
+    real = total = 0
+    for _, b in zip(range(batches), StreamLoader(dataclasses.replace(cfg, num_workers=0))):
+        sizes, images = b["caption"]["image_sizes"], b["caption"]["images"]
+        real += int((sizes[:, 0] * sizes[:, 1]).sum())
+        total += images.shape[0] * images.shape[2] * images.shape[3]
+    return 1 - real / total
+
+
 def time_loader(batches, n_samples: int) -> float:
     seen = 0
     start = time.perf_counter()
@@ -73,6 +84,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--short-side", type=int, default=600)
     p.add_argument("--long-side", type=int, default=1000)
+    p.add_argument("--length-buckets", type=int, default=16, help="pool size of the grouped row (the demo's)")
     p.add_argument("--write", action="store_true", help="rewrite the section in docs/BENCHMARKS.md")
     args = p.parse_args(argv)
     demo = Path(args.demo)
@@ -84,29 +96,39 @@ def main(argv=None):
     cfg = StreamConfig(caption_shards=str(demo / "shards" / "captions-train" / "*.tar"), text_batch_size=0,
                        caption_batch_size=args.batch_size, num_workers=args.workers, short_side=args.short_side,
                        long_side=args.long_side, shuffle_buffer=256)
+    grouped = dataclasses.replace(cfg, length_buckets=args.length_buckets)
     folder = FolderDataset(demo / "raw", args.short_side, args.long_side)
-    results = {"ours": [], "folder": []}
+    results = {"ours": [], "grouped": [], "folder": []}
     for _ in range(args.repeats):  # interleaved, so drift in machine load hits both alike
         results["ours"].append(time_loader((b["caption"] for b in StreamLoader(cfg)), args.samples))
+        results["grouped"].append(time_loader((b["caption"] for b in StreamLoader(grouped)), args.samples))
         loader = DataLoader(folder, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                             collate_fn=collate_captions, persistent_workers=False)
         results["folder"].append(time_loader(iter(_Repeat(loader)), args.samples))
     ratios = [a / b for a, b in zip(results["ours"], results["folder"])]
-    summary = {"ours_samples_per_s": results["ours"], "folder_samples_per_s": results["folder"], "ratio": ratios}
+    grouped_ratios = [a / b for a, b in zip(results["grouped"], results["folder"])]
+    summary = {"ours_samples_per_s": results["ours"], "grouped_samples_per_s": results["grouped"],
+               "folder_samples_per_s": results["folder"], "ratio": ratios, "grouped_ratio": grouped_ratios,
+               "image_padding": {"plain": image_padding(cfg), "grouped": image_padding(grouped)}}
     print(json.dumps(summary, indent=1))
     if args.write:
+        pads = summary["image_padding"]
         update_section("loader", f"""
 ## Loader throughput (decode + resize + collate)
 
 `python -m bench.loader --write` on the demo corpus: {args.batch_size} captioned images per batch, {args.workers}
 DataLoader workers, images resized to shorter side {args.short_side} / longer side <= {args.long_side}, {args.samples}
-samples per pass, {args.repeats} interleaved passes; median (min-max). Machine: {machine()}.
+samples per pass, {args.repeats} interleaved passes; median (min-max). Padded pixels: the share of a
+batch's image tensor that is padding (20 batches). Machine: {machine()}.
 
-| loader | samples/s |
-| --- | --- |
-| `shards.reader.StreamLoader` (tar shards) | {median_range(results["ours"])} |
-| map-style Dataset over the image folder | {median_range(results["folder"])} |
-| **ratio** | **{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})** |
+| loader | samples/s | padded pixels | / folder |
+| --- | --- | --- | --- |
+| `shards.reader.StreamLoader` (tar shards) | {median_range(results["ours"])} | {pads["plain"]:.0%} | \
+**{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})** |
+| the same, `length_buckets: {args.length_buckets}` (orientation, regions, words) | \
+{median_range(results["grouped"])} | {pads["grouped"]:.0%} | \
+**{statistics.median(grouped_ratios):.2f} ({min(grouped_ratios):.2f}-{max(grouped_ratios):.2f})** |
+| map-style Dataset over the image folder | {median_range(results["folder"])} | {pads["plain"]:.0%} | 1 |
 """)
     return summary
 

@@ -146,6 +146,20 @@ def test_length_groups_by_hand():
     pairs = [(10, 9), (90, 1), (12, 1), (91, 8), (11, 5), (13, 2), (92, 2), (93, 9)]
     groups = length_groups(pairs, 2, random.Random(0))
     assert sorted(groups) == [[1, 6], [2, 5], [3, 7], [4, 0]]
+    # (orientation, regions, words): runs by (orientation, regions), each sorted by (orientation, words), so
+    # no batch mixes portrait (1) and landscape (0) images
+    triples = [(1, 10, 9), (0, 90, 1), (0, 12, 1), (1, 91, 8), (0, 11, 5), (1, 13, 2), (0, 92, 2), (1, 93, 9)]
+    groups = length_groups(triples, 2, random.Random(0))
+    assert sorted(groups) == [[0, 7], [1, 2], [5, 3], [6, 4]]
+
+
+def test_caption_sort_key_puts_orientation_first():
+    from shards.reader import caption_length
+
+    words, boxes = torch.zeros(7), torch.zeros(3, 4)
+    assert caption_length({"image": torch.zeros(3, 90, 60), "boxes": boxes, "input_ids": words}) == (1, 3, 7)
+    assert caption_length({"image": torch.zeros(3, 60, 90), "boxes": boxes, "input_ids": words}) == (0, 3, 7)
+    assert caption_length({"region_features": torch.zeros(3, 8), "boxes": boxes, "input_ids": words}) == (0, 3, 7)
 
 
 def text_padding(loader):
