@@ -331,19 +331,23 @@ def pad_ids(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, to
     return ids, mask
 
 
+def batch_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor for a padded batch. In a DataLoader worker the batch goes to the trainer through
+    shared memory: allocating it there (zero-filled by the OS), as `default_collate` does, saves copying it
+    into a segment at send time (~2 MB per 600 x 1000 image)."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.zeros(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+
+
 def pad_images(images: list[torch.Tensor], size_divisibility: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 [3, h, w] images -> [B, 3, H, W] (top-left aligned, zero padded to a multiple of the
     divisibility) and their sizes [B, 2] (h, w)."""
     div = max(1, size_divisibility)
     hmax = math.ceil(max(im.shape[1] for im in images) / div) * div
     wmax = math.ceil(max(im.shape[2] for im in images) / div) * div
-    shape = (len(images), 3, hmax, wmax)
-    if torch.utils.data.get_worker_info() is not None:
-        # in a DataLoader worker the batch is sent to the trainer through shared memory: allocating it
-        # there (zero-filled by the OS) saves copying ~2 MB per image into a segment at send time
-        out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(math.prod(shape))).view(shape)
-    else:
-        out = torch.zeros(shape, dtype=torch.uint8)
+    out = batch_zeros((len(images), 3, hmax, wmax), torch.uint8)
     for i, im in enumerate(images):
         out[i, :, : im.shape[1], : im.shape[2]] = im
     return out, torch.tensor([list(im.shape[1:]) for im in images])
@@ -358,7 +362,7 @@ def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
     if features != all("region_features" in s for s in samples):
         raise ValueError("a batch mixes samples with images and samples with precomputed features")
     if features:
-        region_features = torch.zeros((b, n, samples[0]["region_features"].shape[1]))
+        region_features = batch_zeros((b, n, samples[0]["region_features"].shape[1]), torch.float32)
         for i, s in enumerate(samples):
             region_features[i, : len(s["region_features"])] = s["region_features"]
         visual = {"region_features": region_features,  # [B, N, F]
