@@ -146,8 +146,8 @@ class FastRCNN(nn.Module):
         x = self.normalise(images, image_sizes, boxes, masked_regions & box_mask)
         # DeepSpeed bf16/fp16 casts the weights, not the inputs; under autocast the weights stay fp32
         x = x.to(self.object_classifier.weight.dtype)
-        if self.cfg.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+        # the reader's batches are channels-last already; the backbone runs in the configured layout
+        x = x.contiguous(memory_format=torch.channels_last if self.cfg.channels_last else torch.contiguous_format)
         features = self.backbone(x)  # [B, C4, H/16, W/16]
         all_boxes = with_whole_image(boxes, image_sizes)  # [B, 1+N, 4]
         index = torch.arange(b, device=boxes.device, dtype=boxes.dtype).view(b, 1, 1).expand(b, n + 1, 1)

@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from shards.reader import StreamConfig, StreamLoader, collate_captions, resize_scale
 from shards.skips import CorruptDataError
@@ -124,8 +125,14 @@ def test_collation_pads_and_masks():
     b = {"key": "b", "image": torch.full((3, 33, 8), 2, dtype=torch.uint8),
          "boxes": torch.tensor([[0., 0, 1, 1], [1., 1, 2, 2]]), "scores": torch.tensor([0.5, 0.4]),
          "classes": torch.tensor([1, 2]), "class_probs": None, "input_ids": torch.tensor([9])}
+    b["image"] = torch.randint(0, 256, (3, 33, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     out = collate_captions([a, b], size_divisibility=32)
     assert out["images"].shape == (2, 3, 64, 32)
+    # channels-last in memory, the same values as zero-padding each [3, h, w] image on the bottom right
+    assert out["images"].is_contiguous(memory_format=torch.channels_last)
+    reference = torch.stack([F.pad(s["image"], (0, 32 - s["image"].shape[2], 0, 64 - s["image"].shape[1]))
+                             for s in (a, b)])
+    assert torch.equal(out["images"], reference)
     assert out["images"][0, :, :10, :20].eq(1).all() and out["images"][0, :, 10:].eq(0).all()
     assert out["box_mask"].tolist() == [[True, False], [True, True]]
     assert out["box_classes"].tolist() == [[3, -1], [1, 2]]
