@@ -284,3 +284,21 @@ def test_a_samples_outputs_do_not_depend_on_its_batchs_padding(tiny_model):
     single = run(tiny_model, alone)
     padded = out.last_hidden_state[1][out.attention_mask[1]]
     torch.testing.assert_close(single.last_hidden_state[0][single.attention_mask[0]], padded, atol=1e-5, rtol=1e-5)
+
+
+def test_vocabulary_logits_match_linear_with_gradients():
+    from model.heads import vocabulary_logits
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 5, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    bias = torch.randn(50, generator=g, requires_grad=True)
+    cot = torch.randn(2, 5, 50, generator=g)  # an arbitrary upstream gradient
+    ours = vocabulary_logits(hidden, weight, bias)
+    grads = torch.autograd.grad((ours * cot).sum(), (hidden, weight, bias))
+    ref = torch.nn.functional.linear(hidden, weight, bias)
+    ref_grads = torch.autograd.grad((ref * cot).sum(), (hidden, weight, bias))
+    assert ours.shape == (2, 5, 50) and ours.is_contiguous()
+    torch.testing.assert_close(ours, ref)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
