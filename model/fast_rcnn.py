@@ -143,11 +143,12 @@ class FastRCNN(nn.Module):
         b, n = box_mask.shape
         if masked_regions is None:
             masked_regions = torch.zeros_like(box_mask)
-        x = self.normalise(images, image_sizes, boxes, masked_regions & box_mask)
+        # the backbone runs in the configured layout; the reader's batches are channels-last already, and
+        # a conversion is cheapest on uint8 pixels (the elementwise ops after it keep the layout)
+        layout = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+        x = self.normalise(images.contiguous(memory_format=layout), image_sizes, boxes, masked_regions & box_mask)
         # DeepSpeed bf16/fp16 casts the weights, not the inputs; under autocast the weights stay fp32
-        x = x.to(self.object_classifier.weight.dtype)
-        # the reader's batches are channels-last already; the backbone runs in the configured layout
-        x = x.contiguous(memory_format=torch.channels_last if self.cfg.channels_last else torch.contiguous_format)
+        x = x.to(self.object_classifier.weight.dtype).contiguous(memory_format=layout)
         features = self.backbone(x)  # [B, C4, H/16, W/16]
         all_boxes = with_whole_image(boxes, image_sizes)  # [B, 1+N, 4]
         index = torch.arange(b, device=boxes.device, dtype=boxes.dtype).view(b, 1, 1).expand(b, n + 1, 1)
