@@ -24,6 +24,7 @@ import time
 import torch
 
 from model.flops import measured_matmul_peak, transformer_flops
+from model.vl_bert import real_positions
 
 from .report import machine, median_range, update_section
 
@@ -63,7 +64,8 @@ def ours_batch(x: dict) -> dict:
         "mlm_positions": x["masked_words"].flatten().nonzero().squeeze(1),
         "mlm_labels": x["labels"][x["masked_words"]],
         "mrc_positions": mrc.flatten().nonzero().squeeze(1), "mrc_probs": x["probs"][mrc],
-        "mrc_labels": x["probs"][mrc].argmax(-1)}}
+        "mrc_labels": x["probs"][mrc].argmax(-1),
+        "real_positions": real_positions(x["text_mask"], torch.ones_like(mrc))}}  # as the pretraining masker
 
 
 def peer_inputs(x: dict) -> dict:

@@ -63,6 +63,48 @@ class KVBuffer:
 KVCache = list[tuple[torch.Tensor, torch.Tensor] | KVBuffer]
 
 
+@dataclass(frozen=True)
+class Packing:
+    """Where the real positions of a padded [B, L] batch are, for running the layers on those alone:
+    every linear layer, LayerNorm, GELU and dropout then skips the padding (a third of the positions
+    of unbucketed pretraining batches). Only attention needs the [B, heads, L, head_dim] layout: the
+    projections are scattered straight into it (where the padded path copies them into it anyway) and
+    its output is gathered back."""
+
+    batch: torch.Tensor  # [n] sample of each real position
+    position: torch.Tensor  # [n] its place in the sequence
+    index: torch.Tensor  # [n] batch * L + position
+    shape: tuple[int, int]  # (B, L)
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, real: int) -> Packing:
+        """mask [B, L] with `real` True elements. The count comes from the host (`real_positions`), so
+        finding them needs no device-to-host sync (`nonzero_static`); it must be exact."""
+        b, l = mask.shape
+        index = torch.nonzero_static(mask.reshape(-1), size=real).squeeze(1)
+        return cls(torch.div(index, l, rounding_mode="floor"), index.remainder(l), index, (b, l))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, ...] -> [n, ...]."""
+        return x.flatten(0, 1).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, ...] -> [B, L, ...], zeros at padded positions."""
+        b, l = self.shape
+        return x.new_zeros(b * l, *x.shape[1:]).index_copy(0, self.index, x).view(b, l, *x.shape[1:])
+
+    def to_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """[n, heads * head_dim] -> contiguous [B, heads, L, head_dim], zeros at padded positions."""
+        b, l = self.shape
+        out = x.new_zeros(b, heads, l, x.shape[1] // heads)
+        out.permute(0, 2, 1, 3)[self.batch, self.position] = x.view(x.shape[0], heads, -1)
+        return out
+
+    def from_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, heads, L, head_dim] -> [n, heads * head_dim]."""
+        return x.permute(0, 2, 1, 3)[self.batch, self.position].flatten(1)
+
+
 def attention_bias(mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
     """Boolean [B, L] or [B, Lq, Lk] -> [B, 1, Lq|1, Lk] for SDPA (True = attend)."""
     if mask is None:
@@ -97,7 +139,18 @@ class BertSelfAttention(nn.Module):
         elif past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
             kv = (k, v)
-        probs = None
+        out, probs = self._attend(q, k, v, bias, want_probs)
+        b, _, l, _ = out.shape
+        return out.transpose(1, 2).reshape(b, l, -1), kv, probs
+
+    def packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing) -> torch.Tensor:
+        """`forward` on the real positions only: x [n, hidden] -> [n, hidden]."""
+        out, _ = self._attend(*(rows.to_heads(proj(x), self.heads) for proj in (self.query, self.key, self.value)),
+                              bias)
+        return rows.from_heads(out)
+
+    def _attend(self, q, k, v, bias, want_probs: bool = False):
+        """[B, heads, Lq|Lk, head_dim] -> (attention output [B, heads, Lq, head_dim], probabilities or None)."""
         p = self.dropout_p if self.training else 0.0
         # SDPA's CPU kernel has no dropout: with it, SDPA runs its math path, which samples the attention
         # dropout with bernoulli_ and scales both q and k; this path does the same math with the cheap
@@ -107,12 +160,8 @@ class BertSelfAttention(nn.Module):
             if bias is not None:
                 scores = scores.masked_fill(~bias, torch.finfo(scores.dtype).min)
             probs = scores.softmax(-1)
-            out = dropout(probs, p) @ v
-            probs = probs if want_probs else None
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
-        b, _, l, _ = out.shape
-        return out.transpose(1, 2).reshape(b, l, -1), kv, probs
+            return dropout(probs, p) @ v, (probs if want_probs else None)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p), None
 
 
 class BertOutput(nn.Module):
@@ -159,6 +208,11 @@ class BertLayer(nn.Module):
         h = self.attention.output(attended, x)
         return self.output(self.intermediate(h), h), kv, probs
 
+    def packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing) -> torch.Tensor:
+        """The layer on the real positions only: x [n, hidden] -> [n, hidden]."""
+        h = self.attention.output(self.attention.self.packed(x, bias, rows), x)
+        return self.output(self.intermediate(h), h)
+
 
 @dataclass
 class EncoderOutput:
@@ -176,9 +230,16 @@ class BertEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, past: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> EncoderOutput:
-        """x [B, L, hidden]; mask [B, L_total] or [B, L, L_total] with L_total = L_past + L."""
+                output_attentions: bool = False, real_positions: int | None = None) -> EncoderOutput:
+        """x [B, L, hidden]; mask [B, L_total] or [B, L, L_total] with L_total = L_past + L.
+
+        real_positions: the number of True elements of a [B, L] padding mask, counted on the host. With
+        it, the layers run on the real positions only (`Packing`); the output is zero at padded ones.
+        Ignored with a cache, per-layer outputs or a [B, Lq, Lk] mask."""
         bias = attention_bias(mask, x.shape[1])
+        if real_positions is not None and mask is not None and mask.dim() == 2 and past is None \
+                and not (use_cache or output_hidden_states or output_attentions):
+            return EncoderOutput(self._packed(x, bias, Packing.of(mask, real_positions)))
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         cache = [] if use_cache else None
@@ -195,3 +256,12 @@ class BertEncoder(nn.Module):
             if cache is not None:
                 cache.append(kv)
         return EncoderOutput(x, hidden, attentions, cache)
+
+    def _packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing) -> torch.Tensor:
+        h = rows.pack(x)
+        for layer in self.layer:
+            if self.gradient_checkpointing and self.training:
+                h = checkpoint(layer.packed, h, bias, rows, use_reentrant=False)
+            else:
+                h = layer.packed(h, bias, rows)
+        return rows.unpack(h)

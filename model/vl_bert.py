@@ -70,6 +70,16 @@ def assemble_text(a_ids: torch.Tensor, a_mask: torch.Tensor, b_ids: torch.Tensor
     return ids[:, :width], types[:, :width], mask[:, :width]
 
 
+def real_positions(text_mask: torch.Tensor, box_mask: torch.Tensor | None = None) -> int:
+    """The encoder positions of a batch that are not padding: the words, and with an image the whole-image
+    element, the regions and [END] (`VLBert.forward`'s sequence). Count it where the batch is on the host
+    (the data loader) and pass it as `real_positions`, so the encoder skips padding without a sync."""
+    real = int(text_mask.sum())
+    if box_mask is not None:
+        real += int(box_mask.sum()) + 2 * box_mask.shape[0]
+    return real
+
+
 class VLBertEmbeddings(nn.Module):
     def __init__(self, cfg: VLBertConfig):
         super().__init__()
@@ -213,14 +223,17 @@ class VLBert(nn.Module):
                 masked_regions: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
                 image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
                 visual_input: tuple[torch.Tensor, torch.Tensor] | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> VLBertOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                real_positions: int | None = None) -> VLBertOutput:
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
         Fast R-CNN, or region_features [B, N, F] + image_hw [B, 2]. word_region_index [B, T]: the
         region whose feature a word takes as its visual term (-1 = the whole image). visual_input:
         (appearance [B, 1+N, F], normalised boxes [B, 1+N, 4]) as `region_features` returns them, to
-        feed edited visual inputs (the cross-modal ablation diagnostic); boxes/box_mask still given."""
+        feed edited visual inputs (the cross-modal ablation diagnostic); boxes/box_mask still given.
+        real_positions: `real_positions(text_mask, box_mask)`, counted where the batch is on the host: the
+        encoder then skips padded positions (their hidden states are zero)."""
         cfg, emb = self.cfg, self.embeddings
         bsz, t = input_ids.shape
         dev = input_ids.device
@@ -272,7 +285,7 @@ class VLBert(nn.Module):
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
         encoded = self.encoder(emb.finish(x), mask, output_hidden_states=output_hidden_states,
-                               output_attentions=output_attentions)
+                               output_attentions=output_attentions, real_positions=real_positions)
         hidden = encoded.last_hidden_state
         return VLBertOutput(hidden, mask, t, n_regions, self.pooler(hidden[:, 0]), region_logits,
                             encoded.hidden_states, encoded.attentions)

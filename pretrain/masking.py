@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from model.boxes import box_iou
-from model.vl_bert import assemble_text
+from model.vl_bert import assemble_text, real_positions
 
 IGNORE = -100
 
@@ -101,7 +101,8 @@ class PretrainMasker:
     # -- samples ------------------------------------------------------------------------------------
 
     def text(self, batch: dict, g: torch.Generator) -> dict:
-        return self._text_inputs(batch["input_ids"], batch["attention_mask"], g)
+        out = self._text_inputs(batch["input_ids"], batch["attention_mask"], g)
+        return {**out, "real_positions": real_positions(out["text_mask"])}
 
     def caption(self, batch: dict, g: torch.Generator) -> dict:
         c = self.cfg
@@ -141,7 +142,8 @@ class PretrainMasker:
         out.update({**visual, "boxes": batch["boxes"],
                     "box_mask": box_mask, "masked_regions": zeroed, "mrc_positions": positions,
                     "mrc_probs": probs.flatten(0, 1)[positions].float(),
-                    "mrc_labels": batch["box_classes"].flatten()[positions]})
+                    "mrc_labels": batch["box_classes"].flatten()[positions],
+                    "real_positions": real_positions(out["text_mask"], box_mask)})
         return out
 
     def __call__(self, batch: dict) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from model.config import load_config
+from model.vl_bert import real_positions
 from shards.reader import StreamConfig
 
 from .ablation import DiagnosticConfig
@@ -68,11 +69,11 @@ def count_batch(batch: dict) -> dict[str, float]:
         b, t = c["text_mask"].shape
         counts["samples"] += b
         counts["images"] += b
-        counts["tokens"] += float(c["text_mask"].sum() + c["box_mask"].sum()) + 2 * b
+        counts["tokens"] += real_positions(c["text_mask"], c["box_mask"])
         counts["positions"] += b * (t + c["box_mask"].shape[1] + 2)
     if "text" in batch:
         counts["samples"] += batch["text"]["input_ids"].shape[0]
-        counts["tokens"] += float(batch["text"]["text_mask"].sum())
+        counts["tokens"] += real_positions(batch["text"]["text_mask"])
         counts["positions"] += batch["text"]["text_mask"].numel()
     return counts
 

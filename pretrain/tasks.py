@@ -62,7 +62,8 @@ class VLBertPretraining(nn.Module):
             else:
                 visual = {"images": c["images"], "image_sizes": c["image_sizes"]}
             out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
-                             box_mask=c["box_mask"], masked_regions=c["masked_regions"], **visual)
+                             box_mask=c["box_mask"], masked_regions=c["masked_regions"],
+                             real_positions=c.get("real_positions"), **visual)
             mlm, mlm_acc = self._mlm(out, c)
             regions = out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]]  # [K, hidden], no whole image
             mrc_logits = self.model.masked_roi_classification(regions)
@@ -72,7 +73,8 @@ class VLBertPretraining(nn.Module):
                             "acc/mrc": (mrc_logits.argmax(-1) == c["mrc_labels"]).float().mean()})
         if "text" in batch:
             t = batch["text"]
-            out = self.model(t["input_ids"], t["text_mask"], t["token_type_ids"])
+            out = self.model(t["input_ids"], t["text_mask"], t["token_type_ids"],
+                             real_positions=t.get("real_positions"))
             mlm, mlm_acc = self._mlm(out, t)
             total = total + cfg.mlm_text_weight * mlm
             metrics.update({"loss/mlm_text": mlm, "acc/mlm_text": mlm_acc})

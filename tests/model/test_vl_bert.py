@@ -8,7 +8,7 @@ from model.config import model_config
 from model.encoder import KVBuffer
 from model.fast_rcnn import pixel_mask
 from model.hf_import import config_from_hf, load_hf_bert
-from model.vl_bert import VLBert, VLBertForPretraining, assemble_text, geometry_embedding
+from model.vl_bert import VLBert, VLBertForPretraining, assemble_text, geometry_embedding, real_positions
 from shards.tokenizer import packaged_bert_dir
 
 from .conftest import make_batch
@@ -182,6 +182,31 @@ def test_gradient_checkpointing_changes_nothing(tiny_cfg):
         torch.testing.assert_close(grads[0][n], grads[1][n], msg=n)
 
 
+def test_packed_encoder_gives_the_padded_outputs_and_gradients(tiny_cfg):
+    """Skipping padded positions (`real_positions`) computes the same thing at the real ones, in forward and
+    backward, with and without activation checkpointing."""
+    batch = make_batch()
+    real = real_positions(batch["text_mask"], batch["box_mask"])
+    results = []
+    for packed, ckpt in ((False, False), (True, False), (True, True)):
+        torch.manual_seed(0)
+        cfg = model_config("tiny", overrides=[f"gradient_checkpointing={str(ckpt).lower()}",
+                                              "hidden_dropout_prob=0", "attention_probs_dropout_prob=0",
+                                              "visual_dropout=0"])
+        model = VLBertForPretraining(cfg).train()
+        out = run(model, batch, real_positions=real if packed else None)
+        assert int(out.attention_mask.sum()) == real  # the host-side count is the sequence's real positions
+        hidden = out.last_hidden_state[out.attention_mask]
+        hidden.square().mean().backward()
+        results.append((hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                          if p.grad is not None}))
+    for hidden, grads in results[1:]:
+        torch.testing.assert_close(hidden, results[0][0])
+        assert grads.keys() == results[0][1].keys()
+        for n in grads:
+            torch.testing.assert_close(grads[n], results[0][1][n], msg=n)
+
+
 def test_kv_cache_extends_a_sequence_without_reencoding(tiny_model):
     """Prefix attends to itself; appended positions attend to everything before and themselves.
     Encoding prefix + extension at once with that mask == prefix then extension from the cache."""
@@ -235,7 +260,10 @@ def test_imported_bert_reproduces_transformers(tmp_path, tiny_cfg):
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=mask.long(), token_type_ids=types, output_hidden_states=True)
         out = model(ids, mask, types)
+        packed = model(ids, mask, types, real_positions=real_positions(mask))  # padded positions skipped
     torch.testing.assert_close(out.last_hidden_state[mask], ref.hidden_states[-1][mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed.last_hidden_state[mask], ref.hidden_states[-1][mask], atol=1e-5, rtol=0)
+    assert packed.last_hidden_state[~mask].eq(0).all()
     torch.testing.assert_close(model.mlm_head(out.text_hidden)[mask], ref.prediction_logits[mask], atol=1e-5, rtol=0)
     # segment C is new: initialised N(0, 0.02), not copied
     c = model.vl_bert.embeddings.token_type_embeddings.weight[2]
