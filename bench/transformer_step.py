@@ -5,7 +5,8 @@ Both models at the same size (default BERT-base, 12 x 768, 2048-d region feature
 (fp32, torch AdamW, one process, no DeepSpeed), in the same run:
 
 - ours: `VLBertPretraining` with `region_features`: MLM at the masked positions plus masked RoI
-  classification (1601 soft classes) at 15% of the regions, which VisualBERT does not do at all;
+  classification (1601 soft classes) at 15% of the regions, which VisualBERT does not do at all; the
+  batch's `real_positions` counted as the pretraining masker counts them, so the layers skip padding;
 - peer: `transformers.VisualBertForPreTraining`, MLM with `labels` (its head scores every position).
 
 Also reports utilisation: the counted transformer FLOPs (`model/flops.py`, real tokens only) per
@@ -28,7 +29,8 @@ from model.vl_bert import real_positions
 
 from .report import machine, median_range, update_section
 
-OURS = "SDPA, MLM logits at masked positions only, one vocabulary lookup, integer-draw CPU dropout"
+OURS = ("SDPA, MLM logits at masked positions only, layers on real positions only, one vocabulary lookup, "
+        "integer-draw CPU dropout")
 
 
 def make_inputs(batch: int, words: int, regions: int, feature: int, classes: int, seed: int = 0) -> dict:
