@@ -277,8 +277,8 @@ class CaptionDecoder:
 
     def prepare(self) -> None:
         """Loads the tokenizer and the JPEG decoder (importing torchvision) now. Called in the training
-        process before DataLoader workers fork, they inherit both instead of each importing them at its
-        first sample: 2-3 s per worker and per pass on 2 cores, longer than a pass of the demo loader."""
+        process before DataLoader workers fork, so they inherit both instead of each importing them at
+        its first sample: 2-3 s per worker and per pass on 2 cores, longer than a pass of the demo loader."""
         _torchvision_jpeg()
         load_tokenizer(self.cfg.tokenizer)
 
