@@ -59,15 +59,16 @@ def make_inputs(batch: int, words: int, regions: int, feature: int, classes: int
 def ours_batch(x: dict) -> dict:
     b, t = x["input_ids"].shape
     mrc = x["mrc"]
+    box_mask = torch.ones_like(mrc)
     return {"caption": {
         "input_ids": x["input_ids"], "text_mask": x["text_mask"], "token_type_ids": torch.zeros_like(x["input_ids"]),
         "region_features": x["features"], "image_hw": torch.tensor([[600.0, 800.0]]).expand(b, 2),
-        "boxes": x["boxes"], "box_mask": torch.ones_like(mrc), "masked_regions": mrc,
+        "boxes": x["boxes"], "box_mask": box_mask, "masked_regions": mrc,
         "mlm_positions": x["masked_words"].flatten().nonzero().squeeze(1),
         "mlm_labels": x["labels"][x["masked_words"]],
         "mrc_positions": mrc.flatten().nonzero().squeeze(1), "mrc_probs": x["probs"][mrc],
         "mrc_labels": x["probs"][mrc].argmax(-1),
-        "real_positions": real_positions(x["text_mask"], torch.ones_like(mrc))}}  # as the pretraining masker
+        "real_positions": real_positions(x["text_mask"], box_mask)}}  # as the pretraining masker counts them
 
 
 def peer_inputs(x: dict) -> dict:
@@ -133,7 +134,7 @@ def run(batch: int, words: int, regions: int, layers: int, hidden: int, heads: i
     seq = (x["lens"] + 2 + regions + 2).tolist()  # [CLS] words [SEP] + whole image + regions + [END]
     flops = transformer_flops(cfg, seq, int(x["masked_words"].sum()), int(x["mrc"].sum()))
     peak = measured_matmul_peak()
-    real = float(x["text_mask"].sum()) + batch * (regions + 2)
+    real = mine["caption"]["real_positions"]
     padded = batch * (x["text_mask"].shape[1] + regions + 2)
     return {"batch": batch, "words_mean": float(x["lens"].float().mean()), "regions": regions, "layers": layers,
             "hidden": hidden, "seconds_per_step": results,
