@@ -41,8 +41,8 @@ class Generated:
 
 
 class _Cached:
-    def __init__(self, model: BertGen, inp: GenInput):
-        self.model, self.state = model, model.start(inp)
+    def __init__(self, model: BertGen, inp: GenInput, max_length: int):
+        self.model, self.state = model, model.start(inp, max_length)
 
     def __call__(self, history: torch.Tensor) -> torch.Tensor:
         last = history[:, -1] if history.shape[1] else None
@@ -98,7 +98,7 @@ def _constrain(logp: torch.Tensor, history: torch.Tensor, cfg: DecodeConfig, end
 def generate(model: BertGen, inp: GenInput, cfg: DecodeConfig, *, end_id: int, pad_id: int = 0) -> Generated:
     if cfg.method not in ("greedy", "beam", "sample"):
         raise ValueError(f"decode.method: '{cfg.method}' is not greedy, beam or sample")
-    stepper = (_Cached if cfg.cached else _Naive)(model, inp)
+    stepper = _Cached(model, inp, cfg.max_length) if cfg.cached else _Naive(model, inp)
     if cfg.method == "beam" and cfg.beam_size > 1:
         return _beam(stepper, inp.mask.shape[0], cfg, end_id, pad_id, inp.mask.device)
     return _one_path(stepper, inp.mask.shape[0], cfg, end_id, pad_id, inp.mask.device)

@@ -142,11 +142,12 @@ class BertGen(nn.Module):
 
     # -- inference: one step at a time ---------------------------------------------------------------
 
-    def start(self, inp: GenInput) -> DecodeState:
-        """Encode X once; its keys/values become the cache every step extends."""
+    def start(self, inp: GenInput, max_length: int = 32) -> DecodeState:
+        """Encode X once; its keys/values become the cache every step extends. It has room for `max_length`
+        steps (y_<t and the pseudo-[MASK]_t), so a decode that long never copies it to grow."""
         out = self.bert.encode(inp.embeddings, inp.mask, use_cache=True)
         zeros = torch.zeros_like(inp.mask, dtype=torch.long)
-        cache = [KVBuffer.holding(k, v, spare=32) for k, v in out.cache]  # grows if a decode runs longer
+        cache = [KVBuffer.holding(k, v, spare=max_length) for k, v in out.cache]
         return DecodeState(cache, zeros, zeros.clone(), inp.mask, inp.length, 0)
 
     def step(self, state: DecodeState, last: torch.Tensor | None) -> tuple[torch.Tensor, DecodeState]:

@@ -70,13 +70,15 @@ def test_training_pass_equals_incremental_decoding(model, modes):
     with torch.no_grad():
         inp = model.embed_input(**b)
         trained = model.sequence_log_probs(inp, targets, tmask)
-        state, total, last = model.start(inp), torch.zeros(3), None
+        state, total, last = model.start(inp, max_length=targets.shape[1]), torch.zeros(3), None
+        room = state.cache[0].keys.shape[2]
         for t in range(targets.shape[1]):
             logp, state = model.step(state, last)
             last = targets[:, t]
             total += logp.gather(1, last.unsqueeze(1)).squeeze(1) * tmask[:, t]
             naive = model.naive_step(inp, targets[:, :t])
             torch.testing.assert_close(naive, logp, atol=1e-5, rtol=0)
+        assert state.cache[0].keys.shape[2] == room  # sized for max_length: never regrown
     torch.testing.assert_close(trained, total, atol=1e-5, rtol=0)
 
 

@@ -330,3 +330,10 @@ def test_vocabulary_logits_match_linear_with_gradients():
     torch.testing.assert_close(ours, ref)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b)
+    # without autograd (decoding) the CPU path is oneDNN's inner product; a strided slice of the hidden
+    # states, as a decoder's last position is, goes in too
+    with torch.no_grad():
+        last = hidden[:, -1]
+        expected = torch.nn.functional.linear(last, weight, bias)
+        torch.testing.assert_close(vocabulary_logits(last, weight, bias), expected)
+        torch.testing.assert_close(vocabulary_logits(hidden, weight, bias), ref)
