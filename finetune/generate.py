@@ -55,10 +55,10 @@ class _Cached:
 
 class _Naive:
     def __init__(self, model: BertGen, inp: GenInput):
-        self.model, self.inp = model, inp
+        self.model, self.inp, self.packed = model, inp, model.packed_decoder()  # the same head as _Cached's
 
     def __call__(self, history: torch.Tensor) -> torch.Tensor:
-        return self.model.naive_step(self.inp, history)
+        return self.model.naive_step(self.inp, history, self.packed)
 
     def select(self, index: torch.Tensor) -> None:
         self.inp = select_input(self.inp, index)

@@ -25,6 +25,7 @@ from torch import nn
 
 from .config import VLBertConfig
 from .encoder import KVBuffer
+from .heads import pack_for_inference
 from .vl_bert import SEGMENT_A, SEGMENT_B, VLBertForPretraining
 
 INPUT, TARGET, PSEUDO_MASK = 0, 1, 2  # element kinds for the attention rule
@@ -142,13 +143,22 @@ class BertGen(nn.Module):
 
     # -- inference: one step at a time ---------------------------------------------------------------
 
+    def packed_decoder(self) -> torch.Tensor | None:
+        """The tied output projection laid out once for a decode's repeated products (`heads.pack_for_inference`);
+        valid while the weights do not change, so per decode."""
+        return pack_for_inference(self.model.mlm_head.decoder.weight)
+
+    def log_probs(self, hidden: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+        """log P over the vocabulary from the MLM head: hidden [B, hidden] -> [B, vocab]."""
+        return self.model.mlm_head(hidden, packed).float().log_softmax(-1)
+
     def start(self, inp: GenInput, max_length: int = 32) -> DecodeState:
         """Encode X once; its keys/values become the cache every step extends. It has room for `max_length`
         steps (y_<t and the pseudo-[MASK]_t), so a decode that long never copies it to grow."""
         out = self.bert.encode(inp.embeddings, inp.mask, use_cache=True)
         zeros = torch.zeros_like(inp.mask, dtype=torch.long)
         cache = [KVBuffer.holding(k, v, spare=max_length) for k, v in out.cache]
-        return DecodeState(cache, zeros, zeros.clone(), inp.mask, inp.length, 0)
+        return DecodeState(cache, zeros, zeros.clone(), inp.mask, inp.length, 0, self.packed_decoder())
 
     def step(self, state: DecodeState, last: torch.Tensor | None) -> tuple[torch.Tensor, DecodeState]:
         """Append y_{t-1} (`last` [B]; None at t = 1) and a pseudo-[MASK]_t; return log P(y_t | X, y_<t)
@@ -171,19 +181,19 @@ class BertGen(nn.Module):
         k_kind, k_time = torch.cat([state.kind, q_kind], 1), torch.cat([state.time, q_time], 1)
         mask = attention_rule(q_kind, q_time, k_kind, k_time, torch.cat([state.key_mask, ones], 1))
         out = self.bert.encode(x, mask, past=state.cache, use_cache=True)
-        logp = self.model.mlm_head(out.last_hidden_state[:, -1]).float().log_softmax(-1)
+        logp = self.log_probs(out.last_hidden_state[:, -1], state.packed)
         keep = -1  # everything but the pseudo-mask just appended (the next step writes over its slot)
         cache = [kv.truncate(kv.length - 1) for kv in out.cache]
         if last is None:
-            new = DecodeState(cache, state.kind, state.time, state.key_mask, state.length, t)
+            new = DecodeState(cache, state.kind, state.time, state.key_mask, state.length, t, state.packed)
         else:
             new = DecodeState(cache, k_kind[:, :keep], k_time[:, :keep], torch.cat([state.key_mask, ones[:, :1]], 1),
-                              state.length, t)
+                              state.length, t, state.packed)
         return logp, new
 
-    def naive_step(self, inp: GenInput, history: torch.Tensor) -> torch.Tensor:
+    def naive_step(self, inp: GenInput, history: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
         """The paper's procedure: re-encode `X y_<t [MASK]` from scratch (same attention rule) and return
-        log P(y_t | X, y_<t) [B, vocab]. history [B, t-1]."""
+        log P(y_t | X, y_<t) [B, vocab]. history [B, t-1]; packed: `packed_decoder()`, as in `step`."""
         bsz, n = history.shape
         dev = history.device
         steps = torch.arange(1, n + 2, device=dev).expand(bsz, n + 1)
@@ -195,7 +205,7 @@ class BertGen(nn.Module):
         time = torch.cat([torch.zeros_like(inp.mask, dtype=torch.long), steps], 1)
         real = torch.cat([inp.mask, torch.ones_like(ids, dtype=torch.bool)], 1)
         out = self.bert.encode(x, attention_rule(kind, time, kind, time, real))
-        return self.model.mlm_head(out.last_hidden_state[:, -1]).float().log_softmax(-1)
+        return self.log_probs(out.last_hidden_state[:, -1], packed)
 
     # -- analysis ------------------------------------------------------------------------------------
 
@@ -213,12 +223,14 @@ class DecodeState:
     key_mask: torch.Tensor  # [B, L] real cached elements
     length: torch.Tensor  # [B] real input elements (y_1's position)
     steps: int  # tokens predicted so far
+    packed: torch.Tensor | None = None  # the output projection laid out for this decode (`packed_decoder`)
 
     def select(self, index: torch.Tensor) -> DecodeState:
         """Rows `index` (beam reordering, or expanding each input to k beams)."""
         return DecodeState([kv.index_select(index) for kv in self.cache],
                            self.kind.index_select(0, index), self.time.index_select(0, index),
-                           self.key_mask.index_select(0, index), self.length.index_select(0, index), self.steps)
+                           self.key_mask.index_select(0, index), self.length.index_select(0, index), self.steps,
+                           self.packed)
 
 
 def select_input(inp: GenInput, index: torch.Tensor) -> GenInput:

@@ -315,7 +315,7 @@ def test_a_samples_outputs_do_not_depend_on_its_batchs_padding(tiny_model):
 
 
 def test_vocabulary_logits_match_linear_with_gradients():
-    from model.heads import vocabulary_logits
+    from model.heads import pack_for_inference, vocabulary_logits
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(2, 5, 16, generator=g, requires_grad=True)
@@ -337,3 +337,7 @@ def test_vocabulary_logits_match_linear_with_gradients():
         expected = torch.nn.functional.linear(last, weight, bias)
         torch.testing.assert_close(vocabulary_logits(last, weight, bias), expected)
         torch.testing.assert_close(vocabulary_logits(hidden, weight, bias), ref)
+        # and on the weight laid out once for a decode's steps
+        packed = pack_for_inference(weight)
+        assert packed is not None and packed.is_mkldnn  # this CPU build has oneDNN
+        torch.testing.assert_close(vocabulary_logits(last, weight, bias, packed), expected)
