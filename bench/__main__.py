@@ -19,7 +19,7 @@ SUITE = {
     "padding": [],
     "pretrain_step": [],
     "transformer_step": [],
-    "decoding": ["--size", "mini", "--batch", "32", "--lengths", "10", "40", "--repeats", "5"],
+    "decoding": ["--size", "mini", "--batch", "32", "--lengths", "10", "40", "--repeats", "7"],
     "zero_memory": [],
 }
 QUICK = {"loader": ["--repeats", "1", "--samples", "320"], "pretrain_step": ["--repeats", "1", "--steps", "2"],
