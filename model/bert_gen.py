@@ -128,7 +128,7 @@ class BertGen(nn.Module):
                            ) -> torch.Tensor:
         """log P(Y | X) per sequence [B] (natural log), from the one teacher-forcing pass."""
         hidden, _ = self.teacher_forcing(inp, target_ids, target_mask)
-        logp = self.model.mlm_head(hidden).float().log_softmax(-1)
+        logp = self.log_probs(hidden)
         token = logp.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
         return (token * target_mask).sum(1)
 
@@ -149,7 +149,7 @@ class BertGen(nn.Module):
         return pack_for_inference(self.model.mlm_head.decoder.weight)
 
     def log_probs(self, hidden: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
-        """log P over the vocabulary from the MLM head: hidden [B, hidden] -> [B, vocab]."""
+        """log P over the vocabulary from the MLM head: hidden [..., hidden] -> [..., vocab]."""
         return self.model.mlm_head(hidden, packed).float().log_softmax(-1)
 
     def start(self, inp: GenInput, max_length: int = 32) -> DecodeState:

@@ -62,11 +62,11 @@ def vocabulary_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         return F.linear(hidden, weight, bias)
     flat = hidden.reshape(-1, hidden.shape[-1])
     if _onednn_usable(flat, weight, bias):
-        weight = packed if packed is not None else weight.contiguous()
-        logits = _ONEDNN_LINEAR(flat.contiguous(), weight, bias, "none", [], "")
+        w = packed if packed is not None else weight.contiguous()
+        logits = _ONEDNN_LINEAR(flat.contiguous(), w, bias, "none", [], "")
     else:
         logits = torch.addmm(bias.unsqueeze(1), weight, flat.T).T.contiguous()  # bias inside the GEMM
-    return logits.view(*hidden.shape[:-1], bias.shape[0])
+    return logits.view(*hidden.shape[:-1], weight.shape[0])
 
 
 class MaskedLanguageModelingHead(nn.Module):
