@@ -103,6 +103,11 @@ class FastRCNNConfig:
     num_classes: int = 1601  # object classes incl. background (Visual Genome: 1600 + background)
     weights: str | None = None  # local torchvision ResNet or Faster R-CNN state dict; None = random init
     freeze_stem: bool = True  # conv1 (+ its frozen BN) not trained, as in detectron's C4 models
+    freeze_res2: bool = True  # res2 (layer1) not trained either: the official e2e configs' FREEZE_AT = 2
+    # "frozen": FrozenBatchNorm (detectron's C4 models, fixed statistics); "batch": trainable batch norm, for a
+    # backbone trained from scratch (the demo's detector warm-up: without normalisation a random ResNet learns
+    # slowly). Both keep weight/bias/running_mean/running_var, so a "batch" warm-up loads as "frozen".
+    norm: str = "frozen"
     roi_output_size: int = 14  # RoIAlign output, before res5 halves it to 7x7
     pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # images are normalised with these;
     pixel_std: tuple[float, float, float] = (0.229, 0.224, 0.225)  # masked pixels are 0 after it
@@ -140,6 +145,16 @@ class VLBertConfig:
     geometry_size: int = 2048  # sine/cosine geometry embedding width (a multiple of 8)
     visual_dropout: float = 0.1
     visual_ln_init: float = 0.0  # initial LayerNorm gain of the visual terms: 0 = start as pure BERT
+    # the regions' own visual term's initial gain (None = visual_ln_init). A region has no word content, so
+    # its embedding can be its visual feature from the start; at a word-sized gain (0.05) the shared [IMG] +
+    # position + segment parts dominate it and the layers read every region alike (docs/ABLATION.md)
+    visual_ln_init_object: float | None = None
+    # Standardise each appearance channel over the batch's real regions (running statistics at eval, as
+    # batch norm without gain) before the visual feature embedding. A detector trained from scratch (the
+    # demo) gives every region nearly the same feature (cosine ~0.96: a large shared positive component),
+    # which the FC and LayerNorm pass on; standardised, regions differ by what they show. The whole-image
+    # element has statistics of its own. Off = official.
+    standardise_appearance: bool = False
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
     # "pixels": the Fast R-CNN is part of the model and trained end to end (VL-BERT); "features": the
     # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m shards.features`),

@@ -65,17 +65,19 @@ class FrozenBN(FrozenBatchNorm2d):
         return x * scale.to(x.dtype).view(1, -1, 1, 1) + bias.to(x.dtype).view(1, -1, 1, 1)
 
 
-def _resnet(name: str) -> nn.Module:
+def _resnet(name: str, norm: str = "frozen") -> nn.Module:
     if not hasattr(torchvision.models, name) or not name.startswith("resnet"):
         raise ValueError(f"fast_rcnn.backbone: '{name}' is not a torchvision ResNet (resnet18/34/50/101/152)")
-    return getattr(torchvision.models, name)(weights=None, norm_layer=FrozenBN)
+    if norm not in ("frozen", "batch"):
+        raise ValueError(f"fast_rcnn.norm: '{norm}' is not frozen or batch")
+    return getattr(torchvision.models, name)(weights=None, norm_layer=FrozenBN if norm == "frozen" else nn.BatchNorm2d)
 
 
 class FastRCNN(nn.Module):
     def __init__(self, cfg: FastRCNNConfig):
         super().__init__()
         self.cfg = cfg
-        resnet = _resnet(cfg.backbone)
+        resnet = _resnet(cfg.backbone, cfg.norm)
         self.backbone = nn.Sequential()  # names follow torchvision's so weights map one to one
         for name in ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3"):
             self.backbone.add_module(name, getattr(resnet, name))
@@ -90,6 +92,9 @@ class FastRCNN(nn.Module):
             self.load_weights(cfg.weights)
         if cfg.freeze_stem:
             for p in self.backbone.conv1.parameters():
+                p.requires_grad_(False)
+        if cfg.freeze_res2:  # detectron's FREEZE_AT: 2, as the official e2e configs train from res3 up
+            for p in self.backbone.layer1.parameters():
                 p.requires_grad_(False)
 
     def load_weights(self, path: str) -> None:
@@ -112,6 +117,8 @@ class FastRCNN(nn.Module):
             elif key.startswith(("conv1.", "bn1.", "layer1.", "layer2.", "layer3.")):
                 mapped["backbone." + key] = value
         own = self.state_dict()
+        # batch norm's step counter means nothing to frozen statistics (a "batch" warm-up loaded as "frozen")
+        mapped = {k: v for k, v in mapped.items() if not k.endswith("num_batches_tracked") or k in own}
         missing = [k for k in own if k not in mapped and not k.startswith("object_classifier.")]
         if missing:
             raise ValueError(f"{path}: not a {self.cfg.backbone} state dict; missing e.g. {missing[:3]}")
@@ -133,12 +140,13 @@ class FastRCNN(nn.Module):
         return x.masked_fill(hide.unsqueeze(1), 0.0)
 
     def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, boxes: torch.Tensor, box_mask: torch.Tensor,
-                masked_regions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                masked_regions: torch.Tensor | None = None, class_logits: bool = False) -> dict[str, torch.Tensor]:
         """images uint8 [B, 3, H, W]; image_sizes [B, 2] (h, w); boxes [B, N, 4] pixels; box_mask [B, N];
         masked_regions [B, N] bool (pixels zeroed before the backbone).
 
-        Returns appearance [B, 1+N, F] (element 0: the whole-image box), boxes [B, 1+N, 4] and
-        class_logits [B, 1+N, num_classes]. Padded boxes are computed but meaningless.
+        Returns appearance [B, 1+N, F] (element 0: the whole-image box), boxes [B, 1+N, 4] and, with
+        `class_logits` (the detector warm-up; pretraining has no loss on them, so it does not pay for
+        them), class_logits [B, 1+N, num_classes]. Padded boxes are computed but meaningless.
         """
         b, n = box_mask.shape
         if masked_regions is None:
@@ -158,4 +166,7 @@ class FastRCNN(nn.Module):
         crops = roi_align(features.float(), rois, self.cfg.roi_output_size, spatial_scale=1 / 16, sampling_ratio=0,
                           aligned=True).to(features.dtype)  # [B*(1+N), C4, 14, 14]
         appearance = self.box_head(crops).mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
-        return {"appearance": appearance, "boxes": all_boxes, "class_logits": self.object_classifier(appearance)}
+        out = {"appearance": appearance, "boxes": all_boxes}
+        if class_logits:
+            out["class_logits"] = self.object_classifier(appearance)
+        return out

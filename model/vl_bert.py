@@ -80,6 +80,37 @@ def real_positions(text_mask: torch.Tensor, box_mask: torch.Tensor | None = None
     return real
 
 
+class AppearanceStandardiser(nn.Module):
+    """Per-channel standardisation of appearance features by running statistics of the real elements
+    (a fixed-size data standardisation, not batch norm: the statistics are detached and the same in
+    training and evaluation, so 4-image demo batches do not make them noisy). In training each batch
+    updates them first (the first batch sets them), then they standardise it. Masked sums rather than
+    boolean indexing, and a tensor flag for the first batch, so no host sync."""
+
+    def __init__(self, size: int, momentum: float = 0.05, eps: float = 1e-5):
+        super().__init__()
+        self.momentum, self.eps = momentum, eps
+        self.register_buffer("running_mean", torch.zeros(size))
+        self.register_buffer("running_var", torch.ones(size))
+        self.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """x [B, R, F]; valid [B, R] bool."""
+        if self.training:
+            with torch.no_grad():
+                w = valid.unsqueeze(-1).to(torch.float32)
+                count = w.sum().clamp(min=2.0)
+                xf = x.detach().float()
+                mean = (xf * w).sum((0, 1)) / count  # [F]
+                var = (((xf - mean) ** 2) * w).sum((0, 1)) / (count - 1)
+                step = torch.where(self.initialised, self.momentum, 1.0)
+                self.running_mean.lerp_(mean.to(self.running_mean.dtype), step)
+                self.running_var.lerp_(var.to(self.running_var.dtype), step)
+                self.initialised.fill_(True)
+        mean, var = self.running_mean.float(), self.running_var.float()
+        return ((x.float() - mean) * (var + self.eps).rsqrt()).to(x.dtype)
+
+
 class VLBertEmbeddings(nn.Module):
     def __init__(self, cfg: VLBertConfig):
         super().__init__()
@@ -93,6 +124,8 @@ class VLBertEmbeddings(nn.Module):
         self.roi_mask_embedding = nn.Parameter(torch.zeros(h))  # replaces [IMG] for masked regions
         if cfg.visual_embedding == "vlbert":
             self.visual_feature_embedding: nn.Module = nn.Identity()  # set by VLBert once F is known
+            self.appearance_standardiser: AppearanceStandardiser | None = None
+            self.whole_image_standardiser: AppearanceStandardiser | None = None
             self.text_only_visual_embedding = nn.Parameter(torch.zeros(cfg.visual_size))
             self.visual_projection_text = nn.Linear(cfg.visual_size, h)
             self.visual_projection_object = nn.Linear(cfg.visual_size, h)
@@ -106,12 +139,24 @@ class VLBertEmbeddings(nn.Module):
 
     def build_visual_feature_embedding(self, appearance_size: int) -> None:
         cfg = self.cfg
+        # the whole-image element and the regions are standardised apart: pooled with the regions, the
+        # whole image's feature (one element per image, mostly background) varies across images by a
+        # fraction of the region spread and every word would get nearly the same visual term (cosine 0.99)
+        self.appearance_standardiser = AppearanceStandardiser(appearance_size) if cfg.standardise_appearance else None
+        self.whole_image_standardiser = AppearanceStandardiser(appearance_size) if cfg.standardise_appearance else None
         self.visual_feature_embedding = nn.Sequential(
             Dropout(cfg.visual_dropout), nn.Linear(appearance_size + cfg.geometry_size, cfg.visual_size),
             nn.ReLU())
 
-    def visual_features(self, appearance: torch.Tensor, boxes_normalised: torch.Tensor) -> torch.Tensor:
-        """FC(appearance ++ geometry): [B, R, F], [B, R, 4] -> [B, R, visual_size]."""
+    def visual_features(self, appearance: torch.Tensor, boxes_normalised: torch.Tensor,
+                        valid: torch.Tensor | None = None) -> torch.Tensor:
+        """FC(appearance ++ geometry): [B, R, F], [B, R, 4] -> [B, R, visual_size]. valid [B, R]: the real
+        elements (for the standardiser's statistics; default all)."""
+        if self.appearance_standardiser is not None:
+            if valid is None:
+                valid = torch.ones(appearance.shape[:2], dtype=torch.bool, device=appearance.device)
+            appearance = torch.cat([self.whole_image_standardiser(appearance[:, :1], valid[:, :1]),
+                                    self.appearance_standardiser(appearance[:, 1:], valid[:, 1:])], 1)
         geometry = geometry_embedding(boxes_normalised, self.cfg.geometry_size).to(appearance.dtype)
         return self.visual_feature_embedding(torch.cat([appearance, geometry], -1))
 
@@ -131,11 +176,15 @@ class VLBertOutput:
     attention_mask: torch.Tensor  # [B, L] bool
     text_length: int  # T: elements [0, T) are the text part
     num_regions: int  # 1 + N visual elements follow (element T is the whole image), then [END]
-    pooled: torch.Tensor  # [B, hidden] tanh(W [CLS])
-    region_class_logits: torch.Tensor | None = None  # Fast R-CNN's object logits [B, 1+N, classes]
+    pooler: nn.Module  # the pooled [CLS] is computed when asked for: pretraining has no loss on it
+    region_class_logits: torch.Tensor | None = None  # Fast R-CNN's object logits [B, 1+N, classes] if asked
     hidden_states: list[torch.Tensor] | None = None
     attentions: list[torch.Tensor] | None = None
     cache: KVCache | None = None
+
+    @property
+    def pooled(self) -> torch.Tensor:  # [B, hidden] tanh(W [CLS])
+        return self.pooler(self.last_hidden_state[:, 0])
 
     @property
     def text_hidden(self) -> torch.Tensor:  # [B, T, hidden]: [CLS], words, [SEP]s
@@ -164,8 +213,9 @@ class VLBert(nn.Module):
             if name != "fast_rcnn":  # the Fast R-CNN initialises itself (and loads its weights file)
                 child.apply(self._init_weights)
         if cfg.visual_embedding == "vlbert":
-            for ln in (self.embeddings.visual_ln_text, self.embeddings.visual_ln_object):
-                nn.init.constant_(ln.weight, cfg.visual_ln_init)
+            nn.init.constant_(self.embeddings.visual_ln_text.weight, cfg.visual_ln_init)
+            nn.init.constant_(self.embeddings.visual_ln_object.weight, cfg.visual_ln_init if cfg.visual_ln_init_object
+                              is None else cfg.visual_ln_init_object)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.cfg.initializer_range
@@ -188,7 +238,7 @@ class VLBert(nn.Module):
     # -- the visual input ----------------------------------------------------------------------------
 
     def region_features(self, *, images=None, image_sizes=None, boxes=None, box_mask=None, masked_regions=None,
-                        region_features=None, image_hw=None):
+                        region_features=None, image_hw=None, class_logits: bool = False):
         """Appearance [B, 1+N, F], normalised boxes [B, 1+N, 4] and object logits, from pixels (end to
         end) or from precomputed [B, N, F] features. Element 0 is the whole image: in precomputed mode
         its appearance is the mean of the unmasked regions' features, and masked regions are zeroed."""
@@ -197,9 +247,9 @@ class VLBert(nn.Module):
         if region_features is None:
             if self.fast_rcnn is None:
                 raise ValueError("this VLBert has no Fast R-CNN: pass region_features (precomputed mode)")
-            out = self.fast_rcnn(images, image_sizes, boxes, box_mask, masked_regions)
+            out = self.fast_rcnn(images, image_sizes, boxes, box_mask, masked_regions, class_logits=class_logits)
             hw = image_sizes
-            appearance, all_boxes, logits = out["appearance"], out["boxes"], out["class_logits"]
+            appearance, all_boxes, logits = out["appearance"], out["boxes"], out.get("class_logits")
         else:
             if image_hw is None:
                 raise ValueError("precomputed region features need image_hw [B, 2] to normalise the boxes")
@@ -224,7 +274,7 @@ class VLBert(nn.Module):
                 image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
                 visual_input: tuple[torch.Tensor, torch.Tensor] | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
-                real_positions: int | None = None) -> VLBertOutput:
+                output_class_logits: bool = False, real_positions: int | None = None) -> VLBertOutput:
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
@@ -233,7 +283,8 @@ class VLBert(nn.Module):
         (appearance [B, 1+N, F], normalised boxes [B, 1+N, 4]) as `region_features` returns them, to
         feed edited visual inputs (the cross-modal ablation diagnostic); boxes/box_mask still given.
         real_positions: `real_positions(text_mask, box_mask)`, counted where the batch is on the host: the
-        encoder then skips padded positions (their hidden states are zero)."""
+        encoder then skips padded positions (their hidden states are zero). output_class_logits: the
+        Fast R-CNN's object logits as `region_class_logits` (end to end only)."""
         cfg, emb = self.cfg, self.embeddings
         bsz, t = input_ids.shape
         dev = input_ids.device
@@ -263,8 +314,10 @@ class VLBert(nn.Module):
             else:
                 appearance, boxes_norm, region_logits = self.region_features(
                     images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
-                    masked_regions=masked_regions, region_features=region_features, image_hw=image_hw)
-            visual = emb.visual_features(appearance, boxes_norm)  # [B, 1+N, visual_size]
+                    masked_regions=masked_regions, region_features=region_features, image_hw=image_hw,
+                    class_logits=output_class_logits)
+            real = torch.cat([torch.ones_like(box_mask[:, :1]), box_mask], 1)  # [B, 1+N]: whole image + boxes
+            visual = emb.visual_features(appearance, boxes_norm, real)  # [B, 1+N, visual_size]
             whole_image_term = emb.text_visual_term(visual[:, :1])  # [B, 1, hidden], once per sample
             if word_region_index is None:
                 text = text + whole_image_term  # every word takes it: broadcast, not T projections
@@ -287,7 +340,7 @@ class VLBert(nn.Module):
         encoded = self.encoder(emb.finish(x), mask, output_hidden_states=output_hidden_states,
                                output_attentions=output_attentions, real_positions=real_positions)
         hidden = encoded.last_hidden_state
-        return VLBertOutput(hidden, mask, t, n_regions, self.pooler(hidden[:, 0]), region_logits,
+        return VLBertOutput(hidden, mask, t, n_regions, self.pooler, region_logits,
                             encoded.hidden_states, encoded.attentions)
 
     def encode(self, embeddings: torch.Tensor, mask: torch.Tensor, *, past: KVCache | None = None,

@@ -50,3 +50,28 @@ def test_region_features_are_res5_on_roialign_crops():
     torch.testing.assert_close(out["appearance"][0], expected, atol=1e-4, rtol=1e-4)
     assert out["appearance"].shape == (1, 2, 512)
     assert out["boxes"][0, 0].tolist() == [0, 0, 80, 64]  # the whole-image box comes first
+
+
+def test_a_batch_norm_warm_up_loads_as_frozen_statistics(tmp_path):
+    """A from-scratch backbone trains with batch norm (norm: batch); its exported statistics and affine
+    parameters load into the frozen-BN detector, which then computes what the warm-up's eval mode did."""
+    torch.manual_seed(0)
+    cfg = FastRCNNConfig(backbone="resnet18", num_classes=5, norm="batch", freeze_stem=False, freeze_res2=False)
+    trained = FastRCNN(cfg).train()
+    images = torch.randint(0, 256, (2, 3, 64, 96), dtype=torch.uint8)
+    sizes = torch.tensor([[64, 96], [60, 80]])
+    boxes = torch.tensor([[[8.0, 4.0, 40.0, 50.0], [30, 10, 90, 60]], [[0.0, 0, 30, 30], [10, 10, 70, 55]]])
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    for _ in range(3):  # moves the running statistics away from 0 / 1
+        trained(images, sizes, boxes, mask)
+    assert isinstance(trained.backbone.bn1, torch.nn.BatchNorm2d) and trained.backbone.bn1.weight.requires_grad
+    trained.eval()
+    torch.save(trained.state_dict(), tmp_path / "w.pt")
+    frozen = FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5, weights=str(tmp_path / "w.pt"))).eval()
+    assert not isinstance(frozen.backbone.bn1, torch.nn.BatchNorm2d)
+    with torch.no_grad():
+        a = trained(images, sizes, boxes, mask)["appearance"]
+        b = frozen(images, sizes, boxes, mask)["appearance"]
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="norm"):
+        FastRCNN(FastRCNNConfig(backbone="resnet18", norm="group"))

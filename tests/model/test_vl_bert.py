@@ -36,7 +36,8 @@ def test_shapes_and_masks_for_every_input_mode(tiny_model, tiny_cfg):
     n = batch["boxes"].shape[1]
     text_only = tiny_model(batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
     assert text_only.last_hidden_state.shape == (b, t, 32) and text_only.num_regions == 0
-    out = run(tiny_model, batch, masked_regions=torch.zeros(b, n, dtype=torch.bool))
+    out = run(tiny_model, batch, masked_regions=torch.zeros(b, n, dtype=torch.bool), output_class_logits=True)
+    assert run(tiny_model, batch).region_class_logits is None  # pretraining does not pay for them
     assert out.last_hidden_state.shape == (b, t + 1 + n + 1, 32)
     assert out.region_hidden.shape == (b, 1 + n, 32) and out.text_hidden.shape == (b, t, 32)
     assert out.region_class_logits.shape == (b, 1 + n, tiny_cfg.fast_rcnn.num_classes)
@@ -76,12 +77,13 @@ def test_regions_share_one_position_and_segment_c(tiny_model):
 def test_pixels_inside_masked_boxes_change_no_output(tiny_model):
     batch = make_batch()
     masked = torch.tensor([[False, True, False, False], [True, False, False, False]])
-    out = run(tiny_model, batch, masked_regions=masked, output_hidden_states=True)
+    out = run(tiny_model, batch, masked_regions=masked, output_hidden_states=True, output_class_logits=True)
     changed = batch["images"].clone()
     changed[0, :, 8:60, 40:90] = 255 - changed[0, :, 8:60, 40:90]  # all of box (40, 8, 90, 60)
     changed[1, :, 0:20, 0:20] = 0
     changed[1, :, 50:, :] = 77  # padding below image 1's real 50 rows is not part of the image
-    out2 = run(tiny_model, dict(batch, images=changed), masked_regions=masked, output_hidden_states=True)
+    out2 = run(tiny_model, dict(batch, images=changed), masked_regions=masked, output_hidden_states=True,
+               output_class_logits=True)
     for a, b in zip(out.hidden_states, out2.hidden_states):
         assert torch.equal(a, b)
     assert torch.equal(out.region_class_logits, out2.region_class_logits)
@@ -134,7 +136,8 @@ def test_text_only_samples_use_the_shared_visual_embedding(tiny_model):
 # --- training ----------------------------------------------------------------------------------------
 
 def _pretraining_loss(model, batch):
-    out = run(model, batch, masked_regions=torch.tensor([[0, 1, 0, 0], [0, 0, 1, 0]], dtype=torch.bool))
+    out = run(model, batch, masked_regions=torch.tensor([[0, 1, 0, 0], [0, 0, 1, 0]], dtype=torch.bool),
+              output_class_logits=True)
     text_only = model(batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
     return (model.mlm_head(out.text_hidden).logsumexp(-1).mean()
             + model.masked_roi_classification(out.region_hidden).logsumexp(-1).mean()
@@ -151,8 +154,16 @@ def test_every_trainable_parameter_gets_a_gradient_and_frozen_ones_none(tiny_mod
         else:
             assert p.grad is None, name
     frozen = {n for n, p in tiny_model.named_parameters() if not p.requires_grad}
-    assert frozen == {"vl_bert.fast_rcnn.backbone.conv1.weight"}  # the stem's conv; its BN is frozen by type
-    assert tiny_model.vl_bert.fast_rcnn.backbone.layer1[0].conv1.weight.grad.abs().sum() > 0
+    # the stem's conv and res2's convs (the official FREEZE_AT = 2); BN is frozen by type
+    res2 = {f"vl_bert.fast_rcnn.backbone.layer1.{i}.conv{j}.weight" for i in (0, 1) for j in (1, 2)}
+    assert frozen == {"vl_bert.fast_rcnn.backbone.conv1.weight"} | res2
+    assert tiny_model.vl_bert.fast_rcnn.backbone.layer2[0].conv1.weight.grad.abs().sum() > 0
+    # without the freezes every convolution trains
+    from model.config import model_config
+
+    free = VLBertForPretraining(model_config("tiny", updates={"fast_rcnn": {"freeze_stem": False,
+                                                                            "freeze_res2": False}}))
+    assert all(p.requires_grad for p in free.parameters())
 
 
 def test_zero_gain_visual_gates_open_through_their_own_gradient(tiny_cfg):
@@ -237,7 +248,7 @@ def test_save_and_reload_gives_identical_outputs(tiny_model, tmp_path, tiny_cfg)
     torch.save(tiny_model.state_dict(), tmp_path / "m.pt")
     other = VLBertForPretraining(tiny_cfg).eval()
     other.load_state_dict(torch.load(tmp_path / "m.pt", weights_only=True))
-    a, b = run(tiny_model, batch), run(other, batch)
+    a, b = run(tiny_model, batch, output_class_logits=True), run(other, batch, output_class_logits=True)
     assert torch.equal(a.last_hidden_state, b.last_hidden_state)
     assert torch.equal(a.region_class_logits, b.region_class_logits)
 
@@ -341,3 +352,26 @@ def test_vocabulary_logits_match_linear_with_gradients():
         packed = pack_for_inference(weight)
         assert packed is not None and packed.is_mkldnn  # this CPU build has oneDNN
         torch.testing.assert_close(vocabulary_logits(last, weight, bias, packed), expected)
+
+
+def test_appearance_standardiser_matches_masked_statistics():
+    from model.vl_bert import AppearanceStandardiser
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 4) * 3 + 7
+    valid = torch.rand(3, 5) > 0.3
+    std = AppearanceStandardiser(4, momentum=0.5)
+    real = x[valid]  # [M, 4]: by boolean indexing, as the reference
+    mean1, var1 = real.mean(0), real.var(0, unbiased=True)
+    y = std(x, valid)  # the first batch sets the statistics
+    assert torch.allclose(y[valid], (real - mean1) / (var1 + 1e-5).sqrt(), atol=1e-5)
+    assert torch.allclose(std.running_mean, mean1, atol=1e-5) and torch.allclose(std.running_var, var1, atol=1e-4)
+    x2 = torch.randn(3, 5, 4) * 2 - 1
+    real2 = x2[valid]
+    y2 = std(x2, valid)  # later batches move them by the momentum, then are standardised by them
+    mean2 = 0.5 * mean1 + 0.5 * real2.mean(0)
+    var2 = 0.5 * var1 + 0.5 * real2.var(0, unbiased=True)
+    assert torch.allclose(y2, (x2 - mean2) / (var2 + 1e-5).sqrt(), atol=1e-4)
+    std.eval()
+    assert torch.allclose(std(x, valid), (x - mean2) / (var2 + 1e-5).sqrt(), atol=1e-4)
+    assert torch.allclose(std.running_mean, mean2, atol=1e-5)  # evaluation does not update them
