@@ -42,6 +42,10 @@ class OptimConfig:
     schedule: str = "linear"  # linear: decay to 0 at engine.steps | step: x decay_factor at each of decay_steps
     decay_steps: list = field(default_factory=list)
     decay_factor: float = 0.1
+    # learning-rate multipliers by parameter name: {substring: factor}, the first substring found in a
+    # parameter's name wins, e.g. {fast_rcnn.: 0.1} keeps a warmed-up detector from being eroded while
+    # the new visual layers learn at the full rate
+    lr_multipliers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -97,13 +101,23 @@ def _is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+def param_groups(module: torch.nn.Module, weight_decay: float, lr: float | None = None,
+                 lr_multipliers: dict | None = None) -> list[dict]:
+    """Decayed and undecayed parameters (biases, LayerNorm gains), split further by LR multiplier."""
+    groups: dict[tuple[bool, float], list] = {}
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or "LayerNorm" in name or "_ln_" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = not (p.ndim < 2 or "LayerNorm" in name or "_ln_" in name)
+        factor = next((float(f) for key, f in (lr_multipliers or {}).items() if key in name), 1.0)
+        groups.setdefault((decays, factor), []).append(p)
+    out = []
+    for (decays, factor), params in sorted(groups.items(), key=lambda kv: (kv[0][1] != 1.0, not kv[0][0], kv[0][1])):
+        group = {"params": params, "weight_decay": weight_decay if decays else 0.0}
+        if lr is not None and factor != 1.0:
+            group["lr"] = lr * factor
+        out.append(group)
+    return out
 
 
 def linear_warmup_decay(warmup: int, total: int):
@@ -123,7 +137,7 @@ def warmup_step_decay(warmup: int, milestones: list[int], gamma: float):
 
 def build_optimizer(module: torch.nn.Module, optim: OptimConfig, total_steps: int):
     """The optimizer and the LR factor per step, from the config (AdamW, fused on CUDA; or SGD)."""
-    groups = param_groups(module, optim.weight_decay)
+    groups = param_groups(module, optim.weight_decay, optim.lr, optim.lr_multipliers)
     if optim.optimizer == "adamw":
         optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
                                       fused=torch.cuda.is_available() or None)
@@ -326,10 +340,10 @@ class Engine:
             scalars["memory/peak_bytes"] = torch.cuda.max_memory_allocated()
         else:
             scalars["memory/peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        self._write_scalars(scalars, "metrics.jsonl")
+        self.write_scalars(scalars, "metrics.jsonl")
         return scalars
 
-    def _write_scalars(self, scalars: dict[str, float], jsonl: str) -> None:
+    def write_scalars(self, scalars: dict[str, float], jsonl: str) -> None:
         """Rank 0: to TensorBoard and one JSON line of <run_dir>/<jsonl>."""
         if self.writer is None:
             return
@@ -419,7 +433,7 @@ class Engine:
         finally:
             self.engine.train()
         scalars["eval/seconds"] = time.perf_counter() - start
-        self._write_scalars(scalars, "eval.jsonl")
+        self.write_scalars(scalars, "eval.jsonl")
         return scalars
 
     def _record_keys(self, batch: dict) -> None:

@@ -1,7 +1,7 @@
 """Masking for VL-BERT's pretraining tasks, applied to collated batches inside the data workers.
 
 - Masked language modelling: 15% of words, whole words (every word-piece of a chosen word), each
-  chosen piece 80% [MASK] / 10% a random word / 10% unchanged.
+  chosen word 80% [MASK] / 10% random words / 10% unchanged (one draw per word, for all its pieces).
 - Masked RoI classification: 15% of regions (the whole-image region is added inside the model and
   is never among them); 90% of those have their pixels zeroed before the Fast R-CNN (their features,
   with precomputed features), 10% stay visible; optionally regions overlapping a zeroed one (IoU
@@ -83,7 +83,9 @@ class PretrainMasker:
             first = int(valid.any(1).nonzero()[0])
             chosen[first] = valid[first] & (word_of_token[first] == 0)
         labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
-        r = torch.rand(b, t, generator=g)
+        # the 80/10/10 choice is drawn once per word and shared by its pieces (BERT's whole-word masking),
+        # so a chosen word is never left half [MASK] and half visible
+        r = torch.rand(b, t, generator=g).gather(1, word_of_token)
         out = torch.where(chosen & (r < c.mask_fraction), torch.full_like(ids, self.mask_id), ids)
         random_words = torch.randint(self.first_word_id, self.vocab_size, (b, t), generator=g)
         use_random = chosen & (r >= c.mask_fraction) & (r < c.mask_fraction + c.random_fraction)

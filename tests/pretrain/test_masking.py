@@ -135,3 +135,22 @@ def test_image_always_ablated_control_sees_only_the_mean_colour():
     normalised = FastRCNN(FastRCNNConfig(num_classes=9)).normalise(out["images"], out["image_sizes"])
     assert normalised.abs().max() < 0.01  # the detector's pixel mean: 0 after normalisation, up to rounding
     assert not torch.equal(batch["caption"]["images"], out["images"])
+
+
+def test_80_10_10_is_drawn_once_per_word(masker):
+    """Every piece of a chosen word gets the same treatment: all [MASK], all random, or all kept."""
+    tok, m = masker
+    text = "unbelievably extraordinarily hyperparameters " * 8
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]] * 200)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    out, labels = m.mask_words(ids, valid, torch.Generator().manual_seed(3))
+    chosen = labels != IGNORE
+    cont = m.continuation[ids]
+    as_mask = out == 103
+    kept = out == ids
+    pairs = chosen[:, 1:] & cont[:, 1:]  # a chosen continuation piece and the piece before it
+    assert pairs.sum() > 1000
+    assert torch.equal(as_mask[:, 1:][pairs], as_mask[:, :-1][pairs])
+    # random replacements may by chance equal the original piece, which is then "kept": allow for it
+    differ = (kept[:, 1:][pairs] != kept[:, :-1][pairs]).float().mean().item()
+    assert differ < 0.002
