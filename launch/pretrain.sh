@@ -43,12 +43,17 @@ if [ "$local_gpus" = "0" ]; then
 else
   gpus="${gpus:-$local_gpus}"
 fi
+stage_start=$SECONDS
+stages=()
+stage_done() { stages+=("$1 $((SECONDS - stage_start)) s"); echo "launch/pretrain.sh: $1 took $((SECONDS - stage_start)) s" >&2; stage_start=$SECONDS; }
 if grep -q "data/demo/shards" "$config"; then
   python -m shards.demo --out data/demo
+  stage_done "demo corpus"
 fi
 if grep -q "runs/detector-demo/fast_rcnn.pt" "$config" && [ ! -f runs/detector-demo/fast_rcnn.pt ]; then
   echo "launch/pretrain.sh: warming up the demo's Fast R-CNN first (launch/configs/detector_demo.yaml)" >&2
   python -m pretrain.detector --config launch/configs/detector_demo.yaml
+  stage_done "detector warm-up"
 fi
 feats=data/demo/shards/features-train/manifest.json
 if grep -q "data/demo/shards/features-train" "$config" && \
@@ -56,12 +61,23 @@ if grep -q "data/demo/shards/features-train" "$config" && \
   echo "launch/pretrain.sh: writing the demo's region features first (python -m shards.features)" >&2
   python -m shards.features --config "$config" --input 'data/demo/shards/captions-train/*.tar' \
     --out data/demo/shards/features-train
+  stage_done "region features"
 fi
 launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
 [ -n "$hostfile" ] && launcher+=(--hostfile "$hostfile")
 [ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")
 echo "launch/pretrain.sh: $gpus process(es) per node${DS_ACCELERATOR:+ on CPU}, config $config" >&2
-exec "${launcher[@]}" "$0" --config "$config" ${passthrough[@]+"${passthrough[@]}"}
+# not exec: the stage times are printed once the ranks are done
+status=0
+"${launcher[@]}" "$0" --config "$config" ${passthrough[@]+"${passthrough[@]}"} &
+launcher_pid=$!
+trap 'kill -TERM "$launcher_pid" 2>/dev/null' TERM INT
+wait "$launcher_pid" || status=$?
+while kill -0 "$launcher_pid" 2>/dev/null; do wait "$launcher_pid" || status=$?; done  # after a forwarded signal
+trap - TERM INT
+stage_done "pretraining (with its final evaluation)"
+echo "launch/pretrain.sh: wall time by stage: $(IFS=,; echo "${stages[*]}" | sed 's/,/, /g'); total $SECONDS s" >&2
+exit $status
 ":"""
 # ---- the Python part: one rank of the job, started by the deepspeed launcher ----------------------
 import os

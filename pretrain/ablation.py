@@ -50,10 +50,12 @@ from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import check_boxes, load_box_file
 from shards.flickr30k_entities import load_phrase_examples
 from shards.reader import collate_captions, decode_resized, pad_ids
+from shards.shapes_world import COLOURS
 from shards.skips import SkipLog
 
 LN2 = math.log(2.0)
-VISION_FOR_LANGUAGE = ("none", "object", "all")
+COLOUR_WORDS = frozenset(COLOURS)
+VISION_FOR_LANGUAGE = ("none", "object", "object_masked", "all")
 LANGUAGE_FOR_VISION = ("none", "phrase", "all")
 
 
@@ -73,6 +75,10 @@ class DiagnosticConfig:
     batch_size: int = 16
     max_examples: int | None = None  # a seeded random subset of the examples (None = all)
     seed: int = 0
+    # which of the phrase's words are masked and scored: "all" (the paper), or "colour" (only its colour
+    # words; phrases without one are left out and counted): in the shapes world those come only from the image
+    phrase_words: str = "all"
+    bootstrap: int = 2000  # resamples of images for the clustered intervals (0 = t-intervals over examples)
 
 
 # --- overlap rules (batched tensor ops) --------------------------------------------------------------
@@ -168,6 +174,13 @@ class PhraseData:
                 self.skipped[f"sentence longer than max_words={cfg.max_words} word-pieces"] += 1
                 continue
             phrase = [w is not None and ex.phrase.first_word <= w < ex.phrase.end for w in word_ids]
+            if cfg.phrase_words == "colour":
+                phrase = [p and ex.sentence.words[w].lower() in COLOUR_WORDS for p, w in zip(phrase, word_ids)]
+                if not any(phrase):
+                    self.skipped["phrase has no colour word (phrase_words=colour)"] += 1
+                    continue
+            elif cfg.phrase_words != "all":
+                raise ValueError(f"phrase_words: '{cfg.phrase_words}' is not all or colour")
             label = gold_label(ex.phrase.words, class_index)
             keep = np.argsort(-entry.scores, kind="stable")[: cfg.max_regions]
             probs = (torch.from_numpy(entry.class_probs[keep].astype(np.float32)) if entry.class_probs is not None
@@ -308,10 +321,15 @@ class Ablator:
             ablated, whole = torch.zeros_like(b["box_mask"]), False
         elif condition == "object":
             ablated, whole = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], tau), False
+        elif condition == "object_masked":  # as masked RoIs in training: pixels zeroed, RoI-[MASK] token
+            ablated = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], tau)
+            out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], masked_regions=ablated,
+                          **self._visual_kwargs(b))
+            return self._phrase_bits(out, b)
         elif condition == "all":
             ablated, whole = b["box_mask"], True
         else:
-            raise ValueError(f"visual ablation '{condition}' is not none, object, all or text_only")
+            raise ValueError(f"visual ablation '{condition}' is not none, object, object_masked, all or text_only")
         out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
                       visual_input=self.visual(b, ablated, whole))
         return self._phrase_bits(out, b)
@@ -372,10 +390,37 @@ def evaluate(ablator: Ablator, data: PhraseData, *, image: bool = True, sweep: l
 
 # --- statistics and reports ---------------------------------------------------------------------------
 
-def summarise(values: np.ndarray) -> dict:
-    """Mean and 95% t-interval over the scored (finite) examples."""
+def clustered_bootstrap(values: np.ndarray, clusters: np.ndarray, *, resamples: int = 2000, seed: int = 0,
+                        level: float = 0.95, return_draws: bool = False) -> dict:
+    """Mean of `values` (NaN = not scored) and its percentile interval from resampling whole clusters
+    with replacement: each resample draws as many clusters as there are, and its mean weights every
+    example of a drawn cluster equally (the ratio estimator, as the mean over all examples is)."""
+    ok = np.isfinite(values)
+    v, c = values[ok].astype(np.float64), clusters[ok]
+    if v.size == 0:
+        return {"n": 0, "clusters": 0, "mean": None, "ci95": None}
+    ids, inverse = np.unique(c, return_inverse=True)
+    sums = np.bincount(inverse, weights=v, minlength=len(ids))
+    counts = np.bincount(inverse, minlength=len(ids)).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(ids), size=(resamples, len(ids)))
+    means = sums[draws].sum(1) / counts[draws].sum(1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    out = {"n": int(v.size), "clusters": int(len(ids)), "mean": float(v.mean()), "ci95": [float(lo), float(hi)]}
+    if return_draws:
+        out["draws"] = means
+    return out
+
+
+def summarise(values: np.ndarray, clusters: np.ndarray | None = None, resamples: int = 2000, seed: int = 0) -> dict:
+    """Mean and 95% interval over the scored (finite) examples: from a bootstrap that resamples whole
+    clusters (images: the phrases of one image are not independent) when `clusters` is given, else the
+    t-interval over examples."""
     from scipy import stats
 
+    if clusters is not None and resamples:
+        return clustered_bootstrap(values, clusters, resamples=resamples, seed=seed)
     v = values[np.isfinite(values)]
     n = int(v.size)
     if n == 0:
@@ -387,8 +432,11 @@ def summarise(values: np.ndarray) -> dict:
     return {"n": n, "mean": mean, "ci95": [float(lo), float(hi)]}
 
 
-def paired_test(a: np.ndarray, b: np.ndarray) -> dict:
-    """Paired-difference t-test of b - a over examples scored in both."""
+def paired_test(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None = None, resamples: int = 2000,
+                seed: int = 0) -> dict:
+    """b - a over examples scored in both: the paired t-test (examples as independent), and with
+    `clusters` the difference's 95% interval from the clustered bootstrap and its two-sided bootstrap p
+    (twice the share of resampled mean differences on the far side of 0)."""
     from scipy import stats
 
     ok = np.isfinite(a) & np.isfinite(b)
@@ -396,17 +444,25 @@ def paired_test(a: np.ndarray, b: np.ndarray) -> dict:
     if n < 2:
         return {"n": n, "mean_diff": None, "t": None, "p": None}
     diff = b[ok] - a[ok]
-    if float(diff.std()) == 0.0:
-        return {"n": n, "mean_diff": float(diff.mean()), "t": None, "p": None}
-    res = stats.ttest_rel(b[ok], a[ok])
-    return {"n": n, "mean_diff": float(diff.mean()), "t": float(res.statistic), "p": float(res.pvalue)}
+    out: dict = {"n": n, "mean_diff": float(diff.mean()), "t": None, "p": None}
+    if float(diff.std()) != 0.0:
+        res = stats.ttest_rel(b[ok], a[ok])
+        out.update(t=float(res.statistic), p=float(res.pvalue))
+    if clusters is not None and resamples:
+        boot = clustered_bootstrap(diff, clusters[ok], resamples=resamples, seed=seed, return_draws=True)
+        draws = boot.pop("draws")
+        side = np.mean(draws <= 0) if boot["mean"] > 0 else np.mean(draws >= 0)
+        out.update(ci95=boot["ci95"], clusters=boot["clusters"], p_bootstrap=float(min(1.0, 2 * side)))
+    return out
 
 
 def model_report(values: dict[str, np.ndarray], data: PhraseData) -> dict:
+    clusters = np.array([it.image_id for it in data.items])
+    boot = {"clusters": clusters, "resamples": data.cfg.bootstrap, "seed": data.cfg.seed}
     groups: dict[str, dict] = {}
     for key, v in values.items():
         group, cond = key.split("/", 1)
-        groups.setdefault(group, {})[cond] = summarise(v)
+        groups.setdefault(group, {})[cond] = summarise(v, **boot)
     tests = []
     for group, conditions in (("v4l", VISION_FOR_LANGUAGE), ("l4v_kl", LANGUAGE_FOR_VISION),
                               ("l4v_xe", LANGUAGE_FOR_VISION)):
@@ -414,7 +470,7 @@ def model_report(values: dict[str, np.ndarray], data: PhraseData) -> dict:
             for b in conditions[i + 1:]:
                 if f"{group}/{a}" in values and f"{group}/{b}" in values:
                     tests.append({"metric": group, "a": a, "b": b,
-                                  **paired_test(values[f"{group}/{a}"], values[f"{group}/{b}"])})
+                                  **paired_test(values[f"{group}/{a}"], values[f"{group}/{b}"], **boot)})
     skipped = dict(data.skipped)
     if "l4v_kl/none" in values:
         unscored = len(data) - int(np.isfinite(values["l4v_kl/none"]).sum())
@@ -439,7 +495,7 @@ def markdown(report: dict) -> str:
     for group, conditions in (("v4l", VISION_FOR_LANGUAGE), ("l4v_kl", LANGUAGE_FOR_VISION),
                               ("l4v_xe", LANGUAGE_FOR_VISION)):
         cols = list(conditions) + (["text_only"] if group == "v4l" else [])
-        lines += [f"## {_NAMES[group]}", "", "mean [95% interval], lower is better", "",
+        lines += [f"## {_NAMES[group]}", "", "mean [95% interval from a bootstrap over images], lower is better", "",
                   "| model | " + " | ".join(cols) + " | n |", "|---" * (len(cols) + 2) + "|"]
         for name, r in report["models"].items():
             g = r.get(group, {})
@@ -448,14 +504,17 @@ def markdown(report: dict) -> str:
             n = max(s["n"] for s in g.values())
             lines.append(f"| {name} | " + " | ".join(_cell(g.get(c)) for c in cols) + f" | {n} |")
         lines.append("")
-    lines += ["## Paired t-tests (b - a)", "", "| model | metric | a | b | mean diff | t | p | n |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["## Paired differences (b - a): clustered bootstrap interval and p, and the t-test", "",
+              "| model | metric | a | b | mean diff | 95% interval (images) | p (bootstrap) | t | p (t) | n |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     def fmt(x, spec):
         return "-" if x is None else format(x, spec)
 
     for name, r in report["models"].items():
         for t in r["paired_tests"]:
+            ci = t.get("ci95")
             lines.append(f"| {name} | {t['metric']} | {t['a']} | {t['b']} | {fmt(t['mean_diff'], '.4f')} | "
+                         + (f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-") + f" | {fmt(t.get('p_bootstrap'), '.2g')} | "
                          f"{fmt(t['t'], '.2f')} | {fmt(t['p'], '.2g')} | {t['n']} |")
     lines += ["", "## Skipped and left out", ""]
     for name, r in report["models"].items():

@@ -9,6 +9,7 @@ Overrides address the config's sections: `engine.steps=200`, `data.caption_batch
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from shards.reader import StreamConfig
 
 from .ablation import DiagnosticConfig
 from .engine import EngineConfig, OptimConfig, add_run_arguments, to_device
+from .grounding import GroundingConfig
 from .masking import MaskingConfig
 from .tasks import LossConfig
 
@@ -38,6 +40,11 @@ class PretrainConfig:
     # held-out Flickr30k-Entities-format data for the cross-modal ablation diagnostic, run every
     # engine.eval_every steps (None = off); see pretrain/ablation.py
     diagnostic: DiagnosticConfig | None = None
+    # held-out grounding measurements (pretrain/grounding.py): masked-word accuracy per word category with
+    # and without the image, MRC by visibility. A subset (`periodic_images`) every engine.eval_every steps,
+    # and the whole split on the export at the end, printed as a table (None = off)
+    grounding: GroundingConfig | None = None
+    grounding_periodic_images: int = 40
 
 
 def build_model_config(cfg: PretrainConfig):
@@ -128,14 +135,28 @@ def main(argv: list[str] | None = None) -> int:
     loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
     module = VLBertPretraining(model, cfg.losses)
     evaluate = None
+    evaluators = []
     if cfg.diagnostic is not None and cfg.engine.eval_every:
         from .ablation import PeriodicDiagnostic, feature_extractor
 
         diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes,
                                         feature_extractor(model))
+        evaluators.append(lambda model, device: diagnostic(model, device))
+    if cfg.grounding is not None and cfg.engine.eval_every and cfg.grounding_periodic_images:
+        from dataclasses import replace
 
+        from .ablation import feature_extractor
+        from .grounding import GroundingEval, scalars
+
+        periodic = GroundingEval(replace(cfg.grounding, max_images=cfg.grounding_periodic_images), tokenizer,
+                                 feature_extractor(model))
+        evaluators.append(lambda model, device: scalars(periodic.summarise(periodic(model, device, progress=False))))
+    if evaluators:
         def evaluate(module, device):
-            return diagnostic(module.model, device)
+            out = {}
+            for run_one in evaluators:
+                out.update(run_one(module.model, device))
+            return out
     engine = Engine(module, loader, cfg.engine, cfg.optim, evaluate=evaluate,
                     micro_batch_size=cfg.data.caption_batch_size + cfg.data.text_batch_size,
                     count_batch=count_batch,
@@ -146,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     finished = engine.step >= cfg.engine.steps
     if cfg.engine.export and finished:
         export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir)
+        if cfg.grounding is not None:
+            final_grounding(engine, cfg.grounding, Path(cfg.engine.run_dir), tokenizer)
     if rank == 0:
         run_dir = Path(cfg.engine.run_dir)
         print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
@@ -155,6 +178,40 @@ def main(argv: list[str] | None = None) -> int:
                                                                 if k.startswith(("loss/", "acc/"))), flush=True)
     torch.distributed.barrier()
     return 0
+
+
+def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> None:
+    """Rank 0: the grounding measurements on the exported model, over the whole held-out split, to
+    <run_dir>/grounding/, TensorBoard (grounding/*) and eval.jsonl, and printed as a table."""
+    import json
+    import time
+
+    if torch.distributed.get_rank() == 0:
+        from model.export import load_pretrained
+
+        from .ablation import feature_extractor
+        from .grounding import GroundingEval, plot, scalars, table
+
+        start = time.perf_counter()
+        # the other ranks only wait at the barrier below: rank 0 may use every core (the launcher gave
+        # each rank its share, e.g. OMP_NUM_THREADS=1 on 2 cores and 2 ranks)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(threads, len(os.sched_getaffinity(0))))
+        model = load_pretrained(run_dir / "export").eval()
+        ev = GroundingEval(cfg, tokenizer, feature_extractor(model))
+        summary = ev.summarise(ev(model, "cpu"))
+        out = run_dir / "grounding"
+        out.mkdir(exist_ok=True)
+        (out / "grounding.json").write_text(json.dumps({"config": cfg.__dict__, "step": engine.step,
+                                                        "models": {"export": summary}}, indent=1))
+        text = table({run_dir.name: summary})
+        (out / "grounding.md").write_text(text)
+        plot({run_dir.name: summary}, out / "grounding.png")
+        engine.write_scalars({**scalars(summary), "eval/seconds": time.perf_counter() - start}, "eval.jsonl")
+        torch.set_num_threads(threads)
+        print(f"\ngrounding on {len(ev.data)} held-out images (step {engine.step}, "
+              f"{time.perf_counter() - start:.0f} s):\n\n{text}", flush=True)
+    torch.distributed.barrier()
 
 
 def export(engine, model_cfg, out: Path, tokenizer_dir) -> None:

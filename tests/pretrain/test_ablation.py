@@ -243,7 +243,8 @@ def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path):
     report = json.loads((out / "results.json").read_text())
     assert set(report["models"]) == {"tiny", "text-only BERT"}
     tiny = report["models"]["tiny"]
-    assert set(tiny["v4l"]) == {"none", "object", "all", "text_only"}
+    assert set(tiny["v4l"]) == {"none", "object", "object_masked", "all", "text_only"}
+    assert all("ci95" in t and "p_bootstrap" in t for t in tiny["paired_tests"] if t["mean_diff"] is not None)
     assert set(tiny["l4v_kl"]) == {"none", "phrase", "all"}
     assert set(tiny["sweep"]) == {"0.1", "0.3", "0.5", "0.7", "0.9"}
     assert {(t["metric"], t["a"], t["b"]) for t in tiny["paired_tests"]} >= {("v4l", "none", "all")}

@@ -1,0 +1,64 @@
+import numpy as np
+import pytest
+import torch
+
+from pretrain.ablation import clustered_bootstrap
+from pretrain.detector import attribute_loss
+from pretrain.engine import param_groups
+from pretrain.grounding import CATEGORIES, word_category
+
+
+def test_clustered_bootstrap_resamples_whole_images():
+    # two images: one with 3 right answers, one with 1 wrong. Resamples draw 2 images: {A,A} -> 1.0,
+    # {B,B} -> 0.0, {A,B} or {B,A} -> 3/4 (the mean over examples, not over images)
+    values = np.array([1.0, 1.0, 1.0, 0.0])
+    clusters = np.array([0, 0, 0, 1])
+    s = clustered_bootstrap(values, clusters, resamples=4000, seed=0)
+    assert s["mean"] == pytest.approx(0.75) and s["n"] == 4 and s["clusters"] == 2
+    assert s["ci95"] == [0.0, 1.0]  # both extremes have probability 1/4 > 2.5%
+    draws = np.random.default_rng(0).integers(0, 2, size=(4000, 2))
+    means = np.where(draws.sum(1) == 0, 1.0, np.where(draws.sum(1) == 2, 0.0, 0.75))
+    assert np.mean(means) == pytest.approx(np.mean([1.0, 0.75, 0.75, 0.0]), abs=0.02)
+
+
+def test_clustered_interval_is_wider_than_an_iid_one_for_correlated_examples():
+    rng = np.random.default_rng(1)
+    per_image = rng.random(50) < 0.5  # every example of an image is right or wrong together
+    values = np.repeat(per_image.astype(float), 10)
+    clusters = np.repeat(np.arange(50), 10)
+    clustered = clustered_bootstrap(values, clusters, seed=0)
+    iid = clustered_bootstrap(values, np.arange(500), seed=0)
+    width = lambda s: s["ci95"][1] - s["ci95"][0]  # noqa: E731
+    assert width(clustered) > 2.5 * width(iid)  # sqrt(10) ~ 3.2 in theory
+    assert clustered_bootstrap(np.array([np.nan]), np.array([0]))["mean"] is None
+
+
+def test_word_categories():
+    assert word_category("Red") == "colour" and word_category("hexagon") == "shape"
+    assert word_category("large") == "size" and word_category("left") == "relation"
+    assert word_category("three") == "number" and word_category("of") is None
+    assert len(CATEGORIES["colour"]) == 6 and len(CATEGORIES["shape"]) == 8
+
+
+def test_softmax_attribute_loss_by_hand():
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [5.0, 5.0, 5.0]]])
+    targets = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0]]])
+    valid = torch.tensor([[True, True, True]])
+    # box 1: -log softmax(2,0,0)_0; box 2: half of each of its two attributes; box 3 has none: not scored
+    z1 = np.log(np.exp(2) + 2)
+    z2 = np.log(2 + np.exp(1))
+    expected = ((z1 - 2) + 0.5 * ((z2 - 1) + z2)) / 2
+    assert attribute_loss(logits, targets, valid, "softmax").item() == pytest.approx(expected, rel=1e-5)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets).item()
+    assert attribute_loss(logits, targets, valid, "bce").item() == pytest.approx(bce, rel=1e-5)
+
+
+def test_lr_multipliers_make_groups_by_name():
+    module = torch.nn.ModuleDict({"fast_rcnn": torch.nn.Linear(3, 3), "head": torch.nn.Linear(3, 3)})
+    groups = param_groups(module, 0.01, lr=1e-3, lr_multipliers={"fast_rcnn.": 0.1})
+    by_id = {id(p): g for g in groups for p in g["params"]}
+    assert by_id[id(module["fast_rcnn"].weight)]["lr"] == pytest.approx(1e-4)
+    assert by_id[id(module["fast_rcnn"].weight)]["weight_decay"] == 0.01
+    assert by_id[id(module["fast_rcnn"].bias)]["weight_decay"] == 0.0
+    assert "lr" not in by_id[id(module["head"].weight)]  # the optimizer's own rate
+    assert groups[0]["params"][0] is module["head"].weight  # group 0 (the logged lr) has factor 1
