@@ -252,3 +252,39 @@ def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path):
     assert "| tiny |" in (out / "results.md").read_text()
     for png in ("figure2.png", "threshold_sweep.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_colour_variant_masks_only_colour_words(demo_corpus):
+    from shards.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None)
+    full = PhraseData(_demo_cfg(demo_corpus), tok, 9)
+    colour = PhraseData(_demo_cfg(demo_corpus, phrase_words="colour"), tok, 9)
+    colours = set(tok.convert_tokens_to_ids(["red", "green", "blue", "yellow", "purple", "orange"]))
+    assert 0 < len(colour) < len(full)
+    for it in colour.items:  # exactly one masked piece per phrase here: its colour word
+        assert set(it.ids[it.phrase].tolist()) <= colours and int(it.phrase.sum()) == 1
+    no_colour = sum(not (set(it.ids[it.phrase].tolist()) & colours) for it in full.items)
+    assert colour.skipped["phrase has no colour word (phrase_words=colour)"] == no_colour
+
+
+def test_object_masked_hides_the_object_as_in_training(demo_corpus):
+    """The object_masked condition equals a forward with those regions' pixels zeroed and their RoI-[MASK]
+    token; it differs from the dataset-mean `object` condition."""
+    from shards.tokenizer import load_tokenizer
+
+    data = PhraseData(_demo_cfg(demo_corpus, max_examples=6), load_tokenizer(None), 9)
+    torch.manual_seed(0)
+    model = VLBertForPretraining(model_config("tiny", updates={
+        "vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103, "visual_ln_init": 1.0,
+        "fast_rcnn": {"roi_output_size": 4}})).eval()
+    ab = Ablator(model)
+    ab.fit_means(data.batches())
+    b = next(iter(data.batches()))
+    got = ab.vision_for_language(b, "object_masked")
+    ids, types, mask = ab.text(b, "phrase")
+    over = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], 0.5)
+    out = model.vl_bert(ids, mask, types, images=b["images"], image_sizes=b["image_sizes"], boxes=b["boxes"],
+                        box_mask=b["box_mask"], masked_regions=over)
+    assert torch.allclose(got, ab._phrase_bits(out, b), atol=1e-6)
+    assert not torch.equal(got, ab.vision_for_language(b, "object"))  # a different input, not an alias

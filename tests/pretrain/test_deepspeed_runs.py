@@ -35,6 +35,11 @@ def tiny_config(tmp_path, demo_corpus, run, diagnostic: bool = False, **engine) 
                              "boxes": str(raw / "flickr30k_entities" / "boxes_val.jsonl"),
                              "class_names": str(raw / "class_names.json"), "short_side": 64, "long_side": 96,
                              "max_examples": 6, "batch_size": 3}
+        # and the grounding measurements: periodic on 2 images, on 3 at the end (the export, rank 0)
+        cfg["grounding"] = {"flickr_root": str(raw / "flickr30k_entities"), "images": str(raw / "images"),
+                            "boxes": str(raw / "flickr30k_entities" / "boxes_val.jsonl"), "short_side": 64,
+                            "long_side": 96, "max_images": 3, "bootstrap": 50}
+        cfg["grounding_periodic_images"] = 2
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -95,9 +100,18 @@ def test_two_rank_run_learns_logs_exports(tmp_path, demo_corpus, stage):
     assert len(events.Scalars("loss/total")) == steps
     if stage == 3:
         for tag in ("xmodal/v4l/none", "xmodal/v4l/object", "xmodal/v4l/all", "xmodal/l4v_kl/none",
-                    "xmodal/l4v_kl/phrase", "xmodal/l4v_kl/all", "xmodal/v4l_all_minus_none", "eval/seconds"):
+                    "xmodal/l4v_kl/phrase", "xmodal/l4v_kl/all", "xmodal/v4l_all_minus_none"):
             assert [e.step for e in events.Scalars(tag)] == [8, 16], tag
         assert all(math.isfinite(e.value) for e in events.Scalars("xmodal/v4l/object"))
+        # grounding: periodic (every rank, ZeRO-3) at 8 and 16, then the export's at the end, step 16 again
+        for tag in ("grounding/colour/image", "grounding/colour/ablated", "grounding/mrc/visible",
+                    "grounding/mrc/zeroed_named", "eval/seconds"):
+            assert [e.step for e in events.Scalars(tag)] == [8, 16, 16], tag
+        final = json.loads((run / "grounding" / "grounding.json").read_text())
+        colour = final["models"]["export"]["words"]["colour"]
+        assert colour["image"]["clusters"] == 3 and 0.0 <= colour["image"]["mean"] <= 1.0
+        assert "| colour |" in out or "colour" in (run / "grounding" / "grounding.md").read_text()
+        assert (run / "grounding" / "grounding.png").read_bytes()[:4] == b"\x89PNG"
     assert "train/sample" in events.Tags()["images"]
     # the export loads on its own and reproduces the live model's losses on a batch
     verify = json.loads((run / "export" / "verify.json").read_text())
