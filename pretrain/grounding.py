@@ -44,7 +44,7 @@ from shards.shapes_world import CATEGORIES as SHAPES
 from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
 from shards.skips import SkipLog
 
-from .ablation import clustered_bootstrap, feature_extractor
+from .ablation import HeldOutConfig, clustered_bootstrap, feature_extractor
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "colour": tuple(COLOURS),
@@ -58,17 +58,8 @@ MRC_SPLITS = ("visible", "zeroed_named", "zeroed_unnamed")
 
 
 @dataclass
-class GroundingConfig:
-    flickr_root: str = "data/demo/raw/flickr30k_entities"  # Sentences/, Annotations/, <split>.txt
-    split: str = "val"
-    images: str = "data/demo/raw/images"  # <image_id>.jpg
-    boxes: str = "data/demo/raw/flickr30k_entities/boxes_val.jsonl"  # regions, keyed <image_id>.jpg
-    short_side: int = 128  # image resizing as the model was trained
-    long_side: int = 192
+class GroundingConfig(HeldOutConfig):
     max_images: int | None = None  # the first N images of the split (None = all)
-    max_regions: int = 100
-    bootstrap: int = 2000  # bootstrap resamples of images for the intervals
-    seed: int = 0
 
 
 def word_category(word: str) -> str | None:
