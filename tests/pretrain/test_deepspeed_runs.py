@@ -189,8 +189,10 @@ def test_two_rank_run_on_precomputed_features_with_the_diagnostic(tmp_path, demo
     rows = metrics(tmp_path / "feats")
     assert sorted(rows) == list(range(1, 13)) and all(math.isfinite(r["loss/mrc"]) for r in rows.values())
     evals = [json.loads(line) for line in (tmp_path / "feats" / "eval.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in evals] == [6, 12]
-    assert all(math.isfinite(e["xmodal/v4l/object"]) and math.isfinite(e["xmodal/l4v_kl/all"]) for e in evals)
+    # periodic (diagnostic + grounding) at 6 and 12, then grounding on the export, rerunning the extractor
+    assert [e["step"] for e in evals] == [6, 12, 12]
+    assert all(math.isfinite(e["xmodal/v4l/object"]) and math.isfinite(e["xmodal/l4v_kl/all"]) for e in evals[:2])
+    assert "xmodal/v4l/object" not in evals[2] and 0.0 <= evals[2]["grounding/colour/image"] <= 1.0
     verify = json.loads((tmp_path / "feats" / "export" / "verify.json").read_text())
     assert verify["max_abs_loss_diff"] < 1e-5, verify
     assert "exported fp32 weights" in out
