@@ -9,9 +9,11 @@ Overrides address the config's sections: `engine.steps=200`, `data.caption_batch
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -41,7 +43,7 @@ class PretrainConfig:
     # engine.eval_every steps (None = off); see pretrain/ablation.py
     diagnostic: DiagnosticConfig | None = None
     # held-out grounding measurements (pretrain/grounding.py): masked-word accuracy per word category with
-    # and without the image, MRC by visibility. A subset (`periodic_images`) every engine.eval_every steps,
+    # and without the image, MRC by visibility. A subset (`grounding_periodic_images`) every eval_every steps,
     # and the whole split on the export at the end, printed as a table (None = off)
     grounding: GroundingConfig | None = None
     grounding_periodic_images: int = 40
@@ -143,8 +145,6 @@ def main(argv: list[str] | None = None) -> int:
                                         feature_extractor(model))
         evaluators.append(lambda model, device: diagnostic(model, device))
     if cfg.grounding is not None and cfg.engine.eval_every and cfg.grounding_periodic_images:
-        from dataclasses import replace
-
         from .ablation import feature_extractor
         from .grounding import GroundingEval, scalars
 
@@ -183,9 +183,6 @@ def main(argv: list[str] | None = None) -> int:
 def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> None:
     """Rank 0: the grounding measurements on the exported model, over the whole held-out split, to
     <run_dir>/grounding/, TensorBoard (grounding/*) and eval.jsonl, and printed as a table."""
-    import json
-    import time
-
     if torch.distributed.get_rank() == 0:
         from model.export import load_pretrained
 
@@ -196,10 +193,11 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
         # the other ranks only wait at the barrier below: rank 0 may use every core (the launcher gave
         # each rank its share, e.g. OMP_NUM_THREADS=1 on 2 cores and 2 ranks)
         threads = torch.get_num_threads()
-        torch.set_num_threads(max(threads, len(os.sched_getaffinity(0))))
-        model = load_pretrained(run_dir / "export").eval()
-        ev = GroundingEval(cfg, tokenizer, feature_extractor(model))
-        summary = ev.summarise(ev(model, "cpu"))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(threads, cores))
+        model = load_pretrained(run_dir / "export").to(engine.device).eval()
+        ev = GroundingEval(cfg, tokenizer, feature_extractor(model, engine.device))
+        summary = ev.summarise(ev(model, engine.device))
         out = run_dir / "grounding"
         out.mkdir(exist_ok=True)
         (out / "grounding.json").write_text(json.dumps({"config": cfg.__dict__, "step": engine.step,
@@ -217,8 +215,6 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
 def export(engine, model_cfg, out: Path, tokenizer_dir) -> None:
     """Consolidated fp32 weights (any ZeRO stage), then a check that the exported directory computes
     what the live model computes on a batch (every rank joins the live forward; ZeRO-3 gathers)."""
-    import json
-
     from model.export import load_pretrained, save_pretrained
 
     state = engine.consolidated_state_dict()
