@@ -489,7 +489,8 @@ _NAMES = {"v4l": "Vision-for-language: MLM bits (phrase)", "l4v_kl": "Language-f
           "l4v_xe": "Language-for-vision: MRC cross-entropy bits (gold label)"}
 
 
-def _cell(s: dict | None) -> str:
+def format_interval(s: dict | None) -> str:
+    """'mean [low, high]' of a summary, or '-' when nothing was scored."""
     if not s or s["mean"] is None:
         return "-"
     return f"{s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
@@ -507,7 +508,7 @@ def markdown(report: dict) -> str:
             if not g:
                 continue
             n = max(s["n"] for s in g.values())
-            lines.append(f"| {name} | " + " | ".join(_cell(g.get(c)) for c in cols) + f" | {n} |")
+            lines.append(f"| {name} | " + " | ".join(format_interval(g.get(c)) for c in cols) + f" | {n} |")
         lines.append("")
     lines += ["## Paired differences (b - a): clustered bootstrap interval and p, and the t-test", "",
               "| model | metric | a | b | mean diff | 95% interval (images) | p (bootstrap) | t | p (t) | n |",
@@ -665,10 +666,11 @@ def main(argv: list[str] | None = None) -> int:
         np.savez_compressed(out / f"per_example_{''.join(c if c.isalnum() else '_' for c in name)}.npz", **values)
         report["models"][name] = model_report(values, data)
         g = report["models"][name]["v4l"]
-        print(f"{name}: vision-for-language bits " + ", ".join(f"{c} {_cell(s)}" for c, s in g.items()), flush=True)
+        print(f"{name}: vision-for-language bits "
+              + ", ".join(f"{c} {format_interval(s)}" for c, s in g.items()), flush=True)
         if "l4v_kl" in report["models"][name]:
             print(f"{name}: language-for-vision MRC-KL bits " + ", ".join(
-                f"{c} {_cell(s)}" for c, s in report["models"][name]["l4v_kl"].items()), flush=True)
+                f"{c} {format_interval(s)}" for c, s in report["models"][name]["l4v_kl"].items()), flush=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))
     (out / "results.md").write_text(markdown(report))
     figures = plot(report, out)

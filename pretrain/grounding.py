@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,12 +40,12 @@ from model.boxes import box_iou
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import check_boxes, load_box_file
 from shards.flickr30k_entities import parse_annotation, parse_sentences, read_split
-from shards.reader import decode_resized
+from shards.reader import decode_resized, pad_ids
 from shards.shapes_world import CATEGORIES as SHAPES
 from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
 from shards.skips import SkipLog
 
-from .ablation import HeldOutConfig, clustered_bootstrap, feature_extractor
+from .ablation import HeldOutConfig, clustered_bootstrap, feature_extractor, format_interval
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "colour": tuple(COLOURS),
@@ -100,16 +101,16 @@ class GroundingData:
             raise ValueError(f"{cfg.boxes}: {skips.summary()}")
         ids = read_split(root, cfg.split)
         self.images: list[_Image] = []
-        self.skipped: dict[str, int] = {}
+        self.skipped: Counter = Counter()
         for image_id in ids[: cfg.max_images] if cfg.max_images else ids:
             entry = boxes.get(f"{image_id}.jpg") or boxes.get(image_id)
             ann = parse_annotation(root / "Annotations" / f"{image_id}.xml")
             if entry is None:
-                self.skipped["image has no regions in the box file"] = self.skipped.get("image has no regions", 0) + 1
+                self.skipped["image has no regions in the box file"] += 1
                 continue
             entry, problem = check_boxes(entry, ann.width, ann.height)
             if problem:
-                self.skipped[f"bad regions: {problem}"] = self.skipped.get(f"bad regions: {problem}", 0) + 1
+                self.skipped[f"bad regions: {problem}"] += 1
                 continue
             keep = np.argsort(-entry.scores, kind="stable")[: cfg.max_regions]
             region_boxes = torch.from_numpy(entry.boxes[keep]).float()
@@ -201,8 +202,8 @@ class GroundingEval:
                     rows.append((s.ids, pieces))
                     cats.append(cat)
             if rows:
-                ids, pieces = _pad([r[0] for r in rows]), _pad([r[1] for r in rows]).bool()
-                valid = _pad([torch.ones(len(r[0]), dtype=torch.bool) for r in rows]).bool()
+                ids, valid = pad_ids([r[0] for r in rows])
+                pieces = pad_ids([r[1].long() for r in rows])[0].bool()
                 masked_ids = ids.masked_fill(pieces, cfg.mask_token_id)
                 inp, types, mask = assemble_text(masked_ids.to(device), valid.to(device), cls_id=cfg.cls_token_id,
                                                  sep_id=cfg.sep_token_id, pad_id=cfg.pad_token_id)
@@ -222,8 +223,7 @@ class GroundingEval:
                 words["category"] += cats
                 words["cluster"] += [k] * len(rows)
             # masked RoI classification, per sentence: every region visible, then each zeroed in turn
-            ids = _pad([s.ids for s in item.sentences])
-            valid = _pad([torch.ones(len(s.ids), dtype=torch.bool) for s in item.sentences]).bool()
+            ids, valid = pad_ids([s.ids for s in item.sentences])
             inp, types, mask = assemble_text(ids.to(device), valid.to(device), cls_id=cfg.cls_token_id,
                                              sep_id=cfg.sep_token_id, pad_id=cfg.pad_token_id)
             named = torch.stack([s.named for s in item.sentences])  # [S, N]
@@ -274,14 +274,6 @@ class GroundingEval:
         return out
 
 
-def _pad(seqs: list[torch.Tensor]) -> torch.Tensor:
-    width = max(len(s) for s in seqs)
-    out = torch.zeros(len(seqs), width, dtype=seqs[0].dtype)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = s
-    return out
-
-
 def scalars(summary: dict, prefix: str = "grounding/") -> dict[str, float]:
     """Flat {name: value} for TensorBoard and eval.jsonl."""
     out = {}
@@ -293,12 +285,6 @@ def scalars(summary: dict, prefix: str = "grounding/") -> dict[str, float]:
     return out
 
 
-def _cell(s: dict | None) -> str:
-    if not s or s["mean"] is None:
-        return "-"
-    return f"{s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
-
-
 def table(summaries: dict[str, dict]) -> str:
     """Markdown: masked-word accuracy per category (image / ablated) and MRC per split, one row per model."""
     lines = ["### Held-out masked-word accuracy per category (95% interval, bootstrap over images)", "",
@@ -306,12 +292,12 @@ def table(summaries: dict[str, dict]) -> str:
     for name, s in summaries.items():
         for cond in ("image", "ablated", "image_minus_ablated"):
             lines.append(f"| {name} | {cond.replace('_', ' ')} | " + " | ".join(
-                _cell(s["words"].get(c, {}).get(cond)) for c in CATEGORIES) + " |")
+                format_interval(s["words"].get(c, {}).get(cond)) for c in CATEGORIES) + " |")
     lines.append("| chance | | " + " | ".join(f"{CHANCE[c]:.3f}" for c in CATEGORIES) + " |")
     lines += ["", "### Masked RoI classification accuracy by what the model could see", "",
               "| model | " + " | ".join(MRC_SPLITS) + " |", "|---|" + "---|" * len(MRC_SPLITS)]
     for name, s in summaries.items():
-        lines.append(f"| {name} | " + " | ".join(_cell(s["mrc"].get(k)) for k in MRC_SPLITS) + " |")
+        lines.append(f"| {name} | " + " | ".join(format_interval(s["mrc"].get(k)) for k in MRC_SPLITS) + " |")
     return "\n".join(lines) + "\n"
 
 
