@@ -103,12 +103,14 @@ def normalise_answer(text: str) -> str:
 
 def vqa_accuracy(prediction: str, answers: list[str]) -> float:
     """The official accuracy of one prediction against the 10 human answers: the mean over the 10
-    leave-one-out subsets of min(1, matches / 3). As in vqaEval.py, answers and prediction are
-    normalised only when the humans disagree, and the answers only for punctuation."""
+    leave-one-out subsets of min(1, matches / 3). As in vqaEval.py (GT-Vision-Lab/VQA, the version the
+    evaluation server runs, "Fixed processing answers bug"): when the humans disagree, the answers and the
+    prediction are both normalised in full (punctuation, then digits/articles/contractions); when they
+    all agree, nothing is normalised beyond newlines, tabs and outer spaces."""
     gts = [a.replace("\n", " ").replace("\t", " ").strip() for a in answers]
     pred = prediction.replace("\n", " ").replace("\t", " ").strip()
     if len(set(gts)) > 1:
-        gts = [process_punctuation(a) for a in gts]
+        gts = [process_digit_article(process_punctuation(a)) for a in gts]
         pred = process_digit_article(process_punctuation(pred))
     matches = [a == pred for a in gts]
     total = sum(matches)

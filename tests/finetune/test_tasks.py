@@ -5,6 +5,8 @@ unpickler, and each task training from a pretrained export on the demo corpus' t
 import json
 import os
 import pickle
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +50,72 @@ def test_vqa_accuracy_hand_computed():
     assert vqa_accuracy("two", ["2"] * 10) == 0.0
     # one match: every subset keeps at most one -> 9/10 * 1/3
     assert vqa_accuracy("cat", ["cat"] + ["dog"] * 9) == pytest.approx(0.9 / 3)
+    # humans disagree: their answers are normalised in full too ("two" -> "2"), so "2" matches all four
+    assert vqa_accuracy("2", ["two"] * 4 + ["three"] * 6) == pytest.approx(1.0)
+    # "a dog.", "Dog", "the dog" all become "dog": 3 matches, as the first case
+    assert vqa_accuracy("a dog.", ["Dog"] * 2 + ["the dog"] + ["cat"] * 7) == pytest.approx(0.9)
+
+
+def _official_vqa_eval(prediction: str, answers: list[str]) -> float:
+    """vqaEval.py's loop for one question, transcribed statement by statement (answers as dicts with their
+    answer_id, leave-one-out by dict inequality), on its own processPunctuation/processDigitArticle."""
+    import re
+
+    contractions = {"dont": "don't", "isnt": "isn't", "thats": "that's"}
+    manual_map = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
+                  "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+    articles = ["a", "an", "the"]
+    period_strip = re.compile(r"(?!<=\d)(\.)(?!\d)")
+    comma_strip = re.compile(r"(\d)(\,)(\d)")
+    punct = [";", r"/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?",
+             "!"]
+
+    def process_punctuation(in_text):
+        out_text = in_text
+        for p in punct:
+            if (p + " " in in_text or " " + p in in_text) or (re.search(comma_strip, in_text) is not None):
+                out_text = out_text.replace(p, "")
+            else:
+                out_text = out_text.replace(p, " ")
+        return period_strip.sub("", out_text, re.UNICODE)
+
+    def process_digit_article(in_text):
+        out_text = []
+        for word in in_text.lower().split():
+            word = manual_map.setdefault(word, word)
+            if word not in articles:
+                out_text.append(word)
+        for word_id, word in enumerate(out_text):
+            if word in contractions:
+                out_text[word_id] = contractions[word]
+        return " ".join(out_text)
+
+    gts = [{"answer": a, "answer_id": i + 1} for i, a in enumerate(answers)]
+    for ans in gts:
+        ans["answer"] = ans["answer"].replace("\n", " ").replace("\t", " ").strip()
+    res_ans = prediction.replace("\n", " ").replace("\t", " ").strip()
+    if len({a["answer"] for a in gts}) > 1:
+        for ans in gts:
+            ans["answer"] = process_digit_article(process_punctuation(ans["answer"]))
+        res_ans = process_digit_article(process_punctuation(res_ans))
+    acc = []
+    for gt in gts:
+        others = [item for item in gts if item != gt]
+        acc.append(min(1, len([item for item in others if item["answer"] == res_ans]) / 3))
+    return sum(acc) / len(acc)
+
+
+def test_vqa_accuracy_equals_the_official_loop():
+    pool = ["two", "2", "Two", "the dog", "dog", "a dog.", "dont", "don't", "yes", "no", "none", "0", "red, blue",
+            "3,000", "t-shirt", "t shirt"]
+    rng = random.Random(0)
+    cases = [("2", ["two"] * 4 + ["three"] * 6), ("two", ["2"] * 10), ("Two", ["Two"] * 10)]
+    for _ in range(400):
+        answers = [rng.choice(pool[: rng.randint(1, len(pool))]) for _ in range(10)]
+        cases.append((rng.choice(pool), answers))
+    for prediction, answers in cases:
+        assert vqa_accuracy(prediction, answers) == pytest.approx(_official_vqa_eval(prediction, answers)), \
+            (prediction, answers)
     for count in range(11):
         answers = ["x"] * count + ["y"] * (10 - count)
         assert soft_score(count) == pytest.approx(vqa_accuracy("x", answers) if count < 10 else 1.0)
@@ -67,6 +135,34 @@ def _vqa_files(tmp_path):
         {"question_id": 40, "image_id": 4, "answer_type": "yes/no", "question_type": "is it",
          "multiple_choice_answer": "the red", "answers": ans}]}))
     return q, a
+
+
+def test_vqa_score_cli_scores_a_results_file(tmp_path, capsys):
+    from finetune.vqa_score import main as vqa_score
+
+    q, a = _vqa_files(tmp_path)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"question_id": 90, "answer": "red"}, {"question_id": 40, "answer": "blue"}]))
+    out = tmp_path / "metrics.json"
+    assert vqa_score(["--results", str(results), "--questions", str(q), "--annotations", str(a),
+                      "--out", str(out)]) == 0
+    metrics = json.loads(out.read_text())
+    # question 90 right (1.0), question 40 wrong (0.0): per answer type 100 / 0, overall 50
+    assert metrics["overall"] == 50.0 and metrics["per_answer_type"] == {"other": 100.0, "yes/no": 0.0}
+    assert "Overall Accuracy is: 50.00" in capsys.readouterr().out
+    # the server's rules: every annotated question answered once, nothing else
+    results.write_text(json.dumps([{"question_id": 90, "answer": "red"}]))
+    assert vqa_score(["--results", str(results), "--questions", str(q), "--annotations", str(a)]) == 2
+    assert "leave 1 of 2 questions unanswered, e.g. question_id 40" in capsys.readouterr().err
+    assert vqa_score(["--results", str(results), "--questions", str(q), "--annotations", str(a),
+                      "--allow-missing", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["overall"] == 100.0
+    for bad, message in (([{"question_id": 90, "answer": "red"}] * 2, r"\[1\]: question_id 90 is answered twice"),
+                         ([{"question_id": 90}], r"\[0\]: missing or bad field 'answer'"),
+                         ([{"question_id": 7, "answer": "x"}], "does not annotate, e.g. question_id 7")):
+        results.write_text(json.dumps(bad))
+        assert vqa_score(["--results", str(results), "--questions", str(q), "--annotations", str(a)]) == 2
+        assert re.search(message, capsys.readouterr().err)
 
 
 def test_vqa_reader_joins_and_counts_skips(tmp_path):
