@@ -67,7 +67,7 @@ class FinetuneConfig:
 def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, str]:
     """The model to finetune (with its pretraining heads, whose transforms the task heads start from),
     its tokenizer directory, and a line saying where it came from."""
-    from model.config import VLBertConfig, _deep_merge, from_dict, model_config
+    from model.config import VLBertConfig, deep_merge, from_dict, model_config
     from model.export import load_config_dir
     from model.hf_import import config_from_hf, load_hf_bert
     from pretrain.run import _bert_dir
@@ -79,7 +79,7 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
 
         from model.export import TIED
 
-        mcfg = from_dict(VLBertConfig, _deep_merge(asdict(load_config_dir(path)), cfg.model), str(path / "config.yaml"))
+        mcfg = from_dict(VLBertConfig, deep_merge(asdict(load_config_dir(path)), cfg.model), str(path / "config.yaml"))
         model = VLBertForPretraining(mcfg)
         missing, unexpected = model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
         missing = [k for k in missing if k != TIED]

@@ -25,27 +25,66 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
 def _coerce(tp: Any, value: Any, where: str) -> Any:
-    """Check and convert a YAML value to the field's declared type (YAML reads `2e-5` as a string)."""
+    """Check and convert a YAML value to the field's declared type (YAML reads `2e-5` as a string), so a
+    wrong type is an error naming the field here, not a failure deep in the reader or the engine."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(inner[0], value, where) if len(inner) == 1 else value
+    if tp is Any:
+        return value
     if _is_dataclass_type(tp):
         return from_dict(tp, value, where)
-    try:
-        if tp is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+    if value is None:
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got null")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            number = float(value) if isinstance(value, str) else value
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if number != int(number):  # 2.5 steps is a mistake, not 2 or 3 steps
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(number)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
             return float(value)
-        if tp is int and isinstance(value, (int, str)) and not isinstance(value, bool):
-            return int(value)
-    except ValueError:
-        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
-    if tp is bool and not isinstance(value, bool):
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if tp is str and not isinstance(value, str):
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        except ValueError:
+            raise ConfigError(f"{where}: expected float, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if origin is tuple or tp is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list of {len(args) or 'some'} values, got {value!r}")
+        if args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} values, got {len(value)}: {value!r}")
+            return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)) if args else tuple(value)
+    if origin is list or tp is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)] if args else list(value)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
     return value
 
 
@@ -101,6 +140,9 @@ def to_dict(obj: Any) -> dict:
 class FastRCNNConfig:
     backbone: str = "resnet101"  # torchvision ResNet: resnet18/34/50/101/152 (C4 split)
     num_classes: int = 1601  # object classes incl. background (Visual Genome: 1600 + background)
+    # attribute classifier on the region feature (bottom-up attention's attribute head; Visual Genome: 400),
+    # trained by the detector warm-up and exported with it; 0 = none
+    num_attributes: int = 0
     weights: str | None = None  # local torchvision ResNet or Faster R-CNN state dict; None = random init
     freeze_stem: bool = True  # conv1 (+ its frozen BN) not trained, as in detectron's C4 models
     freeze_res2: bool = True  # res2 (layer1) not trained either: the official e2e configs' FREEZE_AT = 2
@@ -155,6 +197,23 @@ class VLBertConfig:
     # which the FC and LayerNorm pass on; standardised, regions differ by what they show. The whole-image
     # element has statistics of its own. Off = official.
     standardise_appearance: bool = False
+    # Region word embeddings (end to end only): each unmasked region's token adds the word embeddings of the
+    # detector's class names weighted by its class distribution, and of its attribute names weighted by its
+    # attribute distribution, both computed from the region's appearance by the Fast R-CNN's classifiers.
+    # The official code gives VCR's regions their class word's embedding (object linguistic embeddings); a
+    # soft, detector-predicted version binds a caption's words to the regions they name through the BERT's
+    # own word space (docs/ABLATION.md). Lists of word-piece ids per class id / attribute index (a name of
+    # several pieces takes their mean); `pretrain.run` fills them from the detector's vocabulary file
+    # (`region_words`). None = off (official pretraining).
+    region_class_words: list | None = None
+    region_attribute_words: list | None = None
+    # Words take the region words of the regions they name: each word adds a softmax-weighted share of the
+    # region word embeddings of the unmasked regions whose class or attribute name its own embedding is close
+    # to (cosine), against a "no region" option at this cosine threshold (None = off). VL-BERT's words take
+    # the visual feature of the region they refer to where references are given (VCR); this infers them from
+    # the detector's names. See `VLBertEmbeddings.aligned_region_words`.
+    region_word_alignment: float | None = None
+    region_word_alignment_scale: float = 20.0  # softmax inverse temperature of that alignment
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
     # "pixels": the Fast R-CNN is part of the model and trained end to end (VL-BERT); "features": the
     # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m shards.features`),
@@ -192,7 +251,7 @@ def model_config(preset: str = "base", path: str | Path | None = None, overrides
         preset = data.pop("preset", preset)
     if preset not in PRESETS:
         raise ConfigError(f"{path or 'model config'}: unknown preset '{preset}'; known: {sorted(PRESETS)}")
-    merged = _deep_merge(_deep_merge(PRESETS[preset], data), updates or {})
+    merged = deep_merge(deep_merge(PRESETS[preset], data), updates or {})
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}': expected key=value")
@@ -201,8 +260,8 @@ def model_config(preset: str = "base", path: str | Path | None = None, overrides
     return from_dict(VLBertConfig, merged, str(path) if path else f"preset {preset}")
 
 
-def _deep_merge(a: dict, b: dict) -> dict:
+def deep_merge(a: dict, b: dict) -> dict:
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in a.items()}
     for k, v in b.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out

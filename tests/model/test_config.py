@@ -35,3 +35,37 @@ def test_unknown_keys_name_the_file_and_key(tmp_path):
         load_config(Outer, None, ["rate=fast"])
     with pytest.raises(ConfigError, match="not found"):
         load_config(Outer, tmp_path / "nope.yaml")
+
+
+@dataclass
+class Typed:
+    steps: int = 1
+    betas: tuple[float, float] = (0.9, 0.999)
+    names: list = field(default_factory=list)
+    table: dict = field(default_factory=dict)
+    flag: bool = False
+    maybe: int | None = None
+
+
+@pytest.mark.parametrize("override, message", [
+    ("steps=2.5", "steps: expected an integer, got 2.5"),
+    ("steps=[1, 2]", r"steps: expected an integer, got \[1, 2\]"),
+    ("steps=true", "steps: expected an integer, got True"),
+    ("steps=null", "steps: expected int, got null"),
+    ("betas=0.9", "betas: expected a list of 2 values, got 0.9"),
+    ("betas=[0.9]", r"betas: expected 2 values, got 1: \[0.9\]"),
+    ("betas=[0.9, fast]", r"betas\[1\]: expected float, got 'fast'"),
+    ("names=abc", "names: expected a list, got 'abc'"),
+    ("table=[1]", r"table: expected a mapping, got \[1\]"),
+    ("flag=1", "flag: expected true/false, got 1"),
+    ("maybe=x", "maybe: expected an integer, got 'x'"),
+])
+def test_wrong_types_are_refused_naming_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(Typed, None, [override])
+
+
+def test_right_types_are_converted():
+    cfg = load_config(Typed, None, ["steps=3.0", "betas=[0.8, 1e-3]", "maybe=null", "names=[a, b]", "table={x: 1}"])
+    assert cfg == Typed(steps=3, betas=(0.8, 0.001), names=["a", "b"], table={"x": 1}, maybe=None)
+    assert isinstance(cfg.betas, tuple) and isinstance(load_config(Typed, None, ["steps='7'"]).steps, int)
