@@ -14,7 +14,7 @@ Weights (`FastRCNNConfig.weights`), a local state dict, either:
 - a torchvision ResNet (`conv1.*`, `bn1.*`, `layer1..4.*`, `fc.*`): `conv1/bn1/layer1..3` -> `backbone.*`,
   `layer4` -> `box_head.*`, `fc` dropped (ImageNet classes are not object classes);
 - a torchvision Faster R-CNN (`backbone.body.<same names>`), the FPN/RPN/ROI-head keys being dropped;
-- our own export of this module (`backbone.*`, `box_head.*`, `object_classifier.*`).
+- our own export of this module (`backbone.*`, `box_head.*`, `object_classifier.*`, `attribute_classifier.*`).
 """
 
 from __future__ import annotations
@@ -84,10 +84,14 @@ class FastRCNN(nn.Module):
         self.box_head = resnet.layer4  # res5, run per region
         self.feature_size = resnet.fc.in_features  # 2048 for ResNet-50/101, 512 for 18/34
         self.object_classifier = nn.Linear(self.feature_size, cfg.num_classes)
+        self.attribute_classifier = nn.Linear(self.feature_size, cfg.num_attributes) if cfg.num_attributes else None
         self.register_buffer("pixel_mean", torch.tensor(cfg.pixel_mean).view(1, 3, 1, 1) * 255, persistent=False)
         self.register_buffer("pixel_std", torch.tensor(cfg.pixel_std).view(1, 3, 1, 1) * 255, persistent=False)
         nn.init.normal_(self.object_classifier.weight, std=0.01)
         nn.init.zeros_(self.object_classifier.bias)
+        if self.attribute_classifier is not None:
+            nn.init.normal_(self.attribute_classifier.weight, std=0.01)
+            nn.init.zeros_(self.attribute_classifier.bias)
         if cfg.weights:
             self.load_weights(cfg.weights)
         if cfg.freeze_stem:
@@ -110,7 +114,7 @@ class FastRCNN(nn.Module):
         mapped = {}
         for key, value in state.items():
             key = key.removeprefix("backbone.body.")
-            if key.startswith(("backbone.", "box_head.", "object_classifier.")):
+            if key.startswith(("backbone.", "box_head.", "object_classifier.", "attribute_classifier.")):
                 mapped[key] = value
             elif key.startswith("layer4."):
                 mapped["box_head." + key.removeprefix("layer4.")] = value
@@ -119,9 +123,16 @@ class FastRCNN(nn.Module):
         own = self.state_dict()
         # batch norm's step counter means nothing to frozen statistics (a "batch" warm-up loaded as "frozen")
         mapped = {k: v for k, v in mapped.items() if not k.endswith("num_batches_tracked") or k in own}
-        missing = [k for k in own if k not in mapped and not k.startswith("object_classifier.")]
+        heads = ("object_classifier.", "attribute_classifier.")  # the warm-up's; a plain ResNet has none
+        missing = [k for k in own if k not in mapped and not k.startswith(heads)]
         if missing:
             raise ValueError(f"{path}: not a {self.cfg.backbone} state dict; missing e.g. {missing[:3]}")
+        if self.attribute_classifier is not None and "attribute_classifier.weight" in mapped \
+                and mapped["attribute_classifier.weight"].shape[0] != self.cfg.num_attributes:
+            raise ValueError(f"{path}: its attribute classifier has {mapped['attribute_classifier.weight'].shape[0]} "
+                             f"attributes, fast_rcnn.num_attributes is {self.cfg.num_attributes}")
+        if self.attribute_classifier is None:
+            mapped = {k: v for k, v in mapped.items() if not k.startswith("attribute_classifier.")}
         for key, value in mapped.items():
             if key in own and own[key].shape != value.shape:
                 raise ValueError(f"{path}: '{key}' has shape {list(value.shape)}, {self.cfg.backbone} needs "

@@ -5,7 +5,9 @@ Each element's embedding = token + visual feature + segment (A, B, C) + position
 - words (and [CLS]/[SEP]/[END]) take the whole-image region's visual feature (or, per word, an
   object's, for VCR-style references); text-only samples take one learnable visual embedding;
 - regions take their own: FC(appearance ++ sine/cosine geometry); their token is [IMG], or a learned
-  RoI-[MASK] embedding when the region is masked; all regions share one position.
+  RoI-[MASK] embedding when the region is masked; all regions share one position. Optionally an
+  unmasked region's token adds its region word embedding: the detector's class and attribute
+  distributions (computed from its appearance) weighting the word embeddings of their names.
 The visual terms go through LayerNorms whose gain starts at zero, as in the official code, so a
 freshly loaded BERT computes exactly what it computed as a text model and vision is learned in.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .boxes import normalise, with_whole_image
@@ -68,6 +71,18 @@ def assemble_text(a_ids: torch.Tensor, a_mask: torch.Tensor, b_ids: torch.Tensor
     mask = torch.arange(total + 1, device=dev) < length.unsqueeze(1)
     width = int(length.max()) if bsz else 0
     return ids[:, :width], types[:, :width], mask[:, :width]
+
+
+def word_table(names: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word-piece ids per name [K, P] (padded with 0) and their weights [K, P] (1/pieces, 0 on padding)."""
+    if not names or any(not isinstance(n, (list, tuple)) or not n or
+                        any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in n) for n in names):
+        raise ValueError("region words: expected a non-empty list of word-piece id lists (one per name), "
+                         f"got {str(names)[:80]}")
+    width = max(len(n) for n in names)
+    ids = torch.tensor([list(n) + [0] * (width - len(n)) for n in names], dtype=torch.long)
+    weights = torch.tensor([[1.0 / len(n)] * len(n) + [0.0] * (width - len(n)) for n in names])
+    return ids, weights
 
 
 def real_positions(text_mask: torch.Tensor, box_mask: torch.Tensor | None = None) -> int:
@@ -131,6 +146,14 @@ class VLBertEmbeddings(nn.Module):
             self.visual_projection_object = nn.Linear(cfg.visual_size, h)
             self.visual_ln_text = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
             self.visual_ln_object = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+            for kind, names in (("class", cfg.region_class_words), ("attribute", cfg.region_attribute_words)):
+                if names is not None:
+                    ids, weights = word_table(names)
+                    if int(ids.max()) >= cfg.vocab_size:
+                        raise ValueError(f"region_{kind}_words: word id {int(ids.max())} is outside the "
+                                         f"vocabulary ({cfg.vocab_size})")
+                    self.register_buffer(f"region_{kind}_word_ids", ids, persistent=False)
+                    self.register_buffer(f"region_{kind}_word_weights", weights, persistent=False)
         elif cfg.visual_embedding == "linear":
             # BERT-gen: the only visual parameters are one Linear(F + 4 box coordinates -> hidden)
             self.visual_linear = nn.Linear(cfg.precomputed_feature_size + 4, h)
@@ -159,6 +182,41 @@ class VLBertEmbeddings(nn.Module):
                                     self.appearance_standardiser(appearance[:, 1:], valid[:, 1:])], 1)
         geometry = geometry_embedding(boxes_normalised, self.cfg.geometry_size).to(appearance.dtype)
         return self.visual_feature_embedding(torch.cat([appearance, geometry], -1))
+
+    def name_embeddings(self, kind: str) -> torch.Tensor:
+        """[K, hidden]: each class (or attribute) name's word embedding, the mean of its pieces', read from the
+        live word-embedding matrix (so it trains with, and stays tied to, the words)."""
+        ids, weights = getattr(self, f"region_{kind}_word_ids"), getattr(self, f"region_{kind}_word_weights")
+        return (self.word_embeddings(ids) * weights.unsqueeze(-1).to(self.word_embeddings.weight.dtype)).sum(1)
+
+    def region_word_terms(self, class_logits: torch.Tensor | None, attribute_logits: torch.Tensor | None
+                          ) -> list[torch.Tensor]:
+        """sum_c p(c) E[name_c] over the foreground classes, and the same over attributes: each [B, R, hidden]."""
+        terms = []
+        if class_logits is not None:
+            probs = class_logits[..., 1:].float().softmax(-1)  # a box is an object: background is no name
+            terms.append(probs.to(class_logits.dtype) @ self.name_embeddings("class")[1:])
+        if attribute_logits is not None:
+            probs = attribute_logits.float().softmax(-1)
+            terms.append(probs.to(attribute_logits.dtype) @ self.name_embeddings("attribute"))
+        return terms
+
+    def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor
+                             ) -> torch.Tensor:
+        """Each word's share of the region words of the regions its own embedding names: [B, T, hidden].
+
+        score(t, r) = max over the parts (class, attribute) of cos(E[word t], part of region r); weights =
+        softmax over the candidate regions and one "no region" option scored at the threshold, all times
+        the scale. So "circle" takes the circle region's "red", "red" the red region's "circle", and a word
+        that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
+        embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
+        cfg = self.cfg
+        w = F.normalize(words.float(), dim=-1)  # [B, T, h]
+        score = torch.stack([w @ F.normalize(part.float(), dim=-1).transpose(1, 2) for part in terms]).amax(0)
+        score = score.masked_fill(~candidates.unsqueeze(1), float("-inf"))  # [B, T, R]
+        none = score.new_full((*score.shape[:2], 1), cfg.region_word_alignment)
+        weights = (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
+        return (weights.to(words.dtype) @ sum(terms)).to(words.dtype)
 
     def text_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
         return self.visual_ln_text(self.visual_projection_text(visual))
@@ -206,6 +264,22 @@ class VLBert(nn.Module):
             raise ValueError(f"region_input: '{cfg.region_input}' is not 'pixels' or 'features'")
         end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
+        self.region_words = cfg.visual_embedding == "vlbert" and (cfg.region_class_words is not None or
+                                                                  cfg.region_attribute_words is not None)
+        if cfg.region_word_alignment is not None and not self.region_words:
+            raise ValueError("region_word_alignment aligns words to region word embeddings: set region_class_words "
+                             "/ region_attribute_words (pretraining: region_words) too")
+        if self.region_words:
+            if cfg.region_input != "pixels":
+                raise ValueError("region_class_words / region_attribute_words need the end-to-end Fast R-CNN "
+                                 "(region_input: pixels): its classifiers compute the region word distributions")
+            if cfg.region_class_words is not None and len(cfg.region_class_words) != cfg.fast_rcnn.num_classes:
+                raise ValueError(f"region_class_words names {len(cfg.region_class_words)} classes, "
+                                 f"fast_rcnn.num_classes is {cfg.fast_rcnn.num_classes}")
+            if cfg.region_attribute_words is not None and \
+                    len(cfg.region_attribute_words) != cfg.fast_rcnn.num_attributes:
+                raise ValueError(f"region_attribute_words names {len(cfg.region_attribute_words)} attributes, "
+                                 f"fast_rcnn.num_attributes is {cfg.fast_rcnn.num_attributes}")
         if cfg.visual_embedding == "vlbert":
             appearance = self.fast_rcnn.feature_size if self.fast_rcnn is not None else cfg.precomputed_feature_size
             self.embeddings.build_visual_feature_embedding(appearance)
@@ -328,7 +402,22 @@ class VLBert(nn.Module):
             if n_regions != n_visual:
                 raise ValueError(f"{n_regions - 1} region features for {n_visual - 1} boxes")
             is_masked = torch.cat([torch.zeros_like(masked_regions[:, :1]), masked_regions & box_mask], 1)
-            token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, words[:, t:-1])  # [B, 1+N, hidden]
+            token = words[:, t:-1]  # [B, 1+N, hidden]: [IMG]
+            if self.region_words:
+                if self.fast_rcnn is None:
+                    raise ValueError("region word embeddings need the Fast R-CNN's classifiers: load the model "
+                                     "with its Fast R-CNN")
+                # from the appearance the sequence is built of (so an edited visual_input edits these too);
+                # the whole image is no object and a masked region shows nothing: both keep [IMG] alone
+                detector = self.fast_rcnn
+                terms = emb.region_word_terms(
+                    detector.object_classifier(appearance) if cfg.region_class_words is not None else None,
+                    detector.attribute_classifier(appearance) if cfg.region_attribute_words is not None else None)
+                is_object = torch.cat([torch.zeros_like(box_mask[:, :1]), box_mask], 1)
+                token = token + sum(terms) * is_object.unsqueeze(-1).to(words.dtype)
+                if cfg.region_word_alignment is not None:  # a masked region names nothing: no word aligns to it
+                    text = text + emb.aligned_region_words(words[:, :t], terms, is_object & ~is_masked)
+            token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)
             text_len = text_mask.sum(1, keepdim=True)  # [B, 1]: regions share the position after the text
             region_pos = emb.position_embeddings(text_len).expand(bsz, n_regions, -1)
             segment_c = emb.token_type_embeddings.weight[SEGMENT_C]

@@ -8,13 +8,15 @@ region features already say what each region is before VL-BERT sees them. Where 
 (the demo's ResNet-18 starts from random; a new domain), this trains the same module (`model.fast_rcnn`)
 the same way: ground-truth boxes of a COCO-format `instances.json`, cross-entropy over the object
 classes (class id = category id; 0 stays the background) and, when the file has Visual-Genome-style
-`attributes` / `attribute_ids`, a binary cross-entropy attribute head on the same region feature. The
-attribute head only shapes the features and is not exported.
+`attributes` / `attribute_ids`, an attribute head on the same region feature (the Fast R-CNN's
+`attribute_classifier`, exported with it: VL-BERT's region word embeddings read it).
 
 Runs on the shared engine (DeepSpeed, checkpoints, `--resume`, TensorBoard). Writes
-`<run_dir>/fast_rcnn.pt` (a state dict of `backbone.*`, `box_head.*` and `object_classifier.*`, the
-format `fast_rcnn.weights` loads) and `<run_dir>/metrics_val.json`: object and attribute accuracy on the
-held-out annotations, next to the majority-class baseline.
+`<run_dir>/fast_rcnn.pt` (a state dict of `backbone.*`, `box_head.*`, `object_classifier.*` and
+`attribute_classifier.*`, the format `fast_rcnn.weights` loads), `<run_dir>/fast_rcnn.vocab.json` (the
+class and attribute names in the classifiers' order: `region_words` of a pretraining config) and
+`<run_dir>/metrics_val.json`: object and attribute accuracy on the held-out annotations, next to the
+majority-class baseline.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -137,16 +139,20 @@ class DetectorWarmup(nn.Module):
 
         if attribute_loss not in ("softmax", "bce"):
             raise ValueError(f"attribute_loss: '{attribute_loss}' is not softmax or bce")
-        self.fast_rcnn = FastRCNN(cfg)
+        if cfg.num_attributes not in (0, num_attributes):
+            raise ValueError(f"fast_rcnn.num_attributes is {cfg.num_attributes}, the annotations have "
+                             f"{num_attributes} attributes")
+        self.fast_rcnn = FastRCNN(replace(cfg, num_attributes=num_attributes))
         self.num_attributes, self.attribute_weight = num_attributes, attribute_weight
         self.attribute_loss = attribute_loss
-        self.attribute_head = nn.Linear(self.fast_rcnn.feature_size, max(1, num_attributes))
 
     def logits(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.fast_rcnn(batch["images"], batch["image_sizes"], batch["boxes"], batch["box_mask"],
                              class_logits=True)
         regions = out["appearance"][:, 1:]
-        return out["class_logits"][:, 1:], self.attribute_head(regions)
+        head = self.fast_rcnn.attribute_classifier
+        attributes = head(regions) if head is not None else regions.new_zeros(*regions.shape[:2], 1)
+        return out["class_logits"][:, 1:], attributes
 
     def forward(self, batch: dict):
         cls, att = self.logits(batch)
@@ -207,6 +213,32 @@ def evaluate(module: DetectorWarmup, data: BoxSet, batch_size: int, device) -> d
             "attribute_majority_baseline": float(attr_counts.max() / n_att) if n_att else None}
 
 
+def drift(fast_rcnn_state: dict[str, torch.Tensor], cfg: DetectorConfig, device="cpu") -> dict:
+    """The held-out object and attribute accuracy of a Fast R-CNN after pretraining (its state dict, as a
+    VL-BERT export holds it under `vl_bert.fast_rcnn.`), next to the warm-up's own figures
+    (`<engine.run_dir>/metrics_val.json` of the warm-up config `cfg`): how much end-to-end training moved
+    what the detector reads off a region."""
+    if not cfg.val:
+        raise ValueError("detector drift needs the warm-up config's held-out annotations (val)")
+    _, attributes = read_vocabularies(cfg.train)
+    num_attributes = max(attributes, default=0)
+    has_attributes = "attribute_classifier.weight" in fast_rcnn_state
+    # pretraining loads a batch-norm warm-up as frozen statistics: evaluate it so
+    module = DetectorWarmup(replace(cfg.fast_rcnn, weights=None, num_attributes=0, norm="frozen"),
+                            num_attributes if has_attributes else 0, cfg.attribute_weight, cfg.attribute_loss)
+    missing, unexpected = module.fast_rcnn.load_state_dict(fast_rcnn_state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"detector drift: the Fast R-CNN state does not match the warm-up's detector: missing "
+                         f"{missing[:3]}, unexpected {unexpected[:3]}")
+    val = BoxSet(cfg.val, cfg, cfg.fast_rcnn.num_classes, num_attributes)
+    after = evaluate(module.to(device), val, cfg.eval_batch_size, device)
+    if not has_attributes:  # a detector exported without its attribute head reads no attributes
+        after["attribute_accuracy"] = None
+    before_path = Path(cfg.engine.run_dir) / "metrics_val.json"
+    before = json.loads(before_path.read_text()) if before_path.exists() else None
+    return {"after": after, "warm_up": before}
+
+
 def export_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The Fast R-CNN's own weights from the warm-up module's state, in `FastRCNN.load_weights`' format."""
     return {k.removeprefix("fast_rcnn."): v.detach().cpu().clone() for k, v in state.items()
@@ -251,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         weights = export_state(state)
         torch.save(weights, run_dir / "fast_rcnn.pt")
+        vocab = {"classes": ["__background__"] + [categories.get(k, f"class_{k}") for k in
+                                                  range(1, cfg.fast_rcnn.num_classes)],
+                 "attributes": [attributes[k] for k in range(1, num_attributes + 1)]}
+        (run_dir / "fast_rcnn.vocab.json").write_text(json.dumps(vocab, indent=1))
         if cfg.val:
             module = DetectorWarmup(cfg.fast_rcnn, num_attributes, cfg.attribute_weight, cfg.attribute_loss)
             module.load_state_dict(state)

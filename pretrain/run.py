@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from model.config import load_config
+from model.config import deep_merge, load_config
 from model.vl_bert import real_positions
 from shards.reader import StreamConfig
 
@@ -47,6 +47,47 @@ class PretrainConfig:
     # and the whole split on the export at the end, printed as a table (None = off)
     grounding: GroundingConfig | None = None
     grounding_periodic_images: int = 40
+    # the detector's vocabulary (`fast_rcnn.vocab.json`, written by `python -m pretrain.detector` beside its
+    # weights): its class and attribute names, tokenized into model.region_class_words /
+    # region_attribute_words, turn on region word embeddings (model/vl_bert.py); None = off (official)
+    region_words: str | None = None
+    # the MLM head's transform when `bert` has none (the packaged MiniLM): "random" (BERT's init) or "readout"
+    # (identity: the head starts by naming the word nearest the output state; MaskedLanguageModelingHead.
+    # init_as_readout; with region_words the MRC head too, its classes read out by their names' embeddings).
+    # A checkpoint that has an MLM head loads it either way.
+    mlm_head_init: str = "random"
+    # the detector warm-up's config (DetectorConfig YAML): at the end, the exported Fast R-CNN's held-out object
+    # and attribute accuracy next to the warm-up's (detector drift; printed, eval.jsonl, TensorBoard); None = off
+    detector_drift: str | None = None
+
+
+def region_word_updates(path: str, tokenizer) -> dict:
+    """Model config updates from a detector vocabulary file: {"classes": [names by class id], "attributes":
+    [names by attribute index]} -> word-piece ids per name (and fast_rcnn.num_attributes)."""
+    try:
+        vocab = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"region_words: {path} not found (`python -m pretrain.detector` writes it beside "
+                                f"fast_rcnn.pt)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"region_words: {path} is not JSON: {e}") from None
+    if not isinstance(vocab, dict) or not isinstance(vocab.get("classes"), list):
+        raise ValueError(f"region_words: {path} needs a 'classes' list (and optionally 'attributes')")
+    out: dict = {}
+    for key, field_name in (("classes", "region_class_words"), ("attributes", "region_attribute_words")):
+        names = vocab.get(key) or []
+        if not names:
+            continue
+        ids = []
+        for i, name in enumerate(names):
+            pieces = tokenizer(str(name).replace("_", " "), add_special_tokens=False)["input_ids"]
+            if not pieces:
+                raise ValueError(f"region_words: {path}: {key}[{i}] = {name!r} has no word-pieces")
+            ids.append(pieces)
+        out[field_name] = ids
+    if "region_attribute_words" in out:
+        out["fast_rcnn"] = {"num_attributes": len(out["region_attribute_words"])}
+    return out
 
 
 def build_model_config(cfg: PretrainConfig):
@@ -123,13 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     from .masking import PretrainMasker
     from .tasks import VLBertPretraining
 
-    model_cfg = build_model_config(cfg)
-    model = VLBertForPretraining(model_cfg)
-    if cfg.bert:
-        load_hf_bert(model, _bert_dir(cfg.bert))
     tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (_bert_dir(cfg.bert) if cfg.bert else None)))
     cfg.data.tokenizer = tokenizer_dir
     tokenizer = load_tokenizer(tokenizer_dir)
+    if cfg.region_words:
+        cfg.model = deep_merge(cfg.model, region_word_updates(cfg.region_words, tokenizer))
+    model_cfg = build_model_config(cfg)
+    model = VLBertForPretraining(model_cfg)
+    if cfg.mlm_head_init not in ("random", "readout"):
+        raise ValueError(f"mlm_head_init: '{cfg.mlm_head_init}' is not random or readout")
+    loaded = load_hf_bert(model, _bert_dir(cfg.bert))["loaded"] if cfg.bert else []
+    if cfg.mlm_head_init == "readout" and not any(k.startswith("cls.predictions.transform") for k in loaded):
+        model.mlm_head.init_as_readout()
+        if model_cfg.region_class_words is not None:  # the classes have names: MRC reads them out the same way
+            model.masked_roi_classification.init_as_readout(
+                model.vl_bert.embeddings.name_embeddings("class").detach())
     masker = PretrainMasker(cfg.masking, tokenizer, cls_id=model_cfg.cls_token_id, sep_id=model_cfg.sep_token_id,
                             mask_id=model_cfg.mask_token_id, pad_id=model_cfg.pad_token_id,
                             num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank,
@@ -169,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir)
         if cfg.grounding is not None:
             final_grounding(engine, cfg.grounding, Path(cfg.engine.run_dir), tokenizer)
+        if cfg.detector_drift and model_cfg.region_input == "pixels":
+            final_drift(engine, cfg.detector_drift, Path(cfg.engine.run_dir))
     if rank == 0:
         run_dir = Path(cfg.engine.run_dir)
         print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
@@ -209,6 +260,32 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
         torch.set_num_threads(threads)
         print(f"\ngrounding on {len(ev.data)} held-out images (step {engine.step}, "
               f"{time.perf_counter() - start:.0f} s):\n\n{text}", flush=True)
+    torch.distributed.barrier()
+
+
+def final_drift(engine, detector_config: str, run_dir: Path) -> None:
+    """Rank 0: the exported Fast R-CNN on the warm-up's held-out boxes against the warm-up's own accuracy."""
+    if torch.distributed.get_rank() == 0:
+        from safetensors.torch import load_file
+
+        from .detector import DetectorConfig, drift
+
+        prefix = "vl_bert.fast_rcnn."
+        state = {k.removeprefix(prefix): v for k, v in load_file(str(run_dir / "export" / "model.safetensors")).items()
+                 if k.startswith(prefix)}
+        result = drift(state, load_config(DetectorConfig, detector_config), engine.device)
+        (run_dir / "detector_drift.json").write_text(json.dumps(result, indent=1))
+        after, before = result["after"], result["warm_up"] or {}
+        engine.write_scalars({f"detector/{k}": after[k] for k in ("object_accuracy", "attribute_accuracy")
+                              if after.get(k) is not None}, "eval.jsonl")
+
+        def fmt(key):
+            was = before.get(key)
+            return f"{after[key]:.3f}" + (f" (warm-up {was:.3f})" if was is not None else "")
+
+        print(f"\ndetector drift on {after['regions']} held-out boxes: object accuracy {fmt('object_accuracy')}"
+              + (f", attribute accuracy {fmt('attribute_accuracy')}" if after.get("attribute_accuracy") is not None
+                 else ""), flush=True)
     torch.distributed.barrier()
 
 

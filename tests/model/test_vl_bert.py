@@ -375,3 +375,117 @@ def test_appearance_standardiser_matches_masked_statistics():
     std.eval()
     assert torch.allclose(std(x, valid), (x - mean2) / (var2 + 1e-5).sqrt(), atol=1e-4)
     assert torch.allclose(std.running_mean, mean2, atol=1e-5)  # evaluation does not update them
+
+
+def test_region_word_embeddings_by_hand(tiny_cfg):
+    """Each unmasked region's token gains sum_c p_c E[class name c] + sum_a q_a E[attribute name a], with p, q
+    the softmax of the Fast R-CNN's classifiers on its appearance (background excluded); names of several
+    pieces take their mean; the whole image, masked regions and padding gain nothing."""
+    classes = [[8], [9], [10, 11], [12], [13], [14], [15], [16], [17]]  # class 2's name has two pieces
+    attributes = [[20], [21], [22]]
+    cfg = model_config("tiny", updates={"region_class_words": classes, "region_attribute_words": attributes,
+                                        "fast_rcnn": {"num_attributes": 3}})
+    torch.manual_seed(0)
+    with_words = VLBertForPretraining(cfg).eval()
+    plain = VLBertForPretraining(tiny_cfg).eval()
+    missing, unexpected = plain.load_state_dict(with_words.state_dict(), strict=False)
+    assert not missing and all(k.startswith("vl_bert.fast_rcnn.attribute_classifier") for k in unexpected)
+    batch = make_batch()
+    masked = torch.tensor([[False, True, False, False], [False, False, False, False]])
+    seen = {}
+
+    def grab(name):
+        return lambda module, args: seen.__setitem__(name, args[0].detach())
+
+    hooks = [with_words.vl_bert.embeddings.LayerNorm.register_forward_pre_hook(grab("words")),
+             plain.vl_bert.embeddings.LayerNorm.register_forward_pre_hook(grab("plain"))]
+    with torch.no_grad():
+        run(with_words, batch, masked_regions=masked)
+        run(plain, batch, masked_regions=masked)
+        detector = with_words.vl_bert.fast_rcnn
+        appearance = detector(batch["images"], batch["image_sizes"], batch["boxes"], batch["box_mask"],
+                              masked)["appearance"]
+        emb = with_words.vl_bert.embeddings.word_embeddings.weight
+        names = torch.stack([emb[ids].mean(0) for ids in classes[1:]])
+        attr_names = emb[[a[0] for a in attributes]]
+        p = torch.exp(detector.object_classifier(appearance)[..., 1:])
+        q = torch.exp(detector.attribute_classifier(appearance))
+        expected = (p / p.sum(-1, keepdim=True)) @ names + (q / q.sum(-1, keepdim=True)) @ attr_names
+    for hook in hooks:
+        hook.remove()
+    t = batch["input_ids"].shape[1]
+    gained = seen["words"] - seen["plain"]  # [B, T + 1 + N + 1, hidden]
+    assert torch.equal(gained[:, :t], torch.zeros_like(gained[:, :t]))  # words: nothing
+    assert torch.equal(gained[:, t], torch.zeros_like(gained[:, t]))  # the whole image: nothing
+    assert torch.equal(gained[:, -1], torch.zeros_like(gained[:, -1]))  # [END]
+    regions = gained[:, t + 1: -1]
+    for b, n in [(0, 0), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]:
+        torch.testing.assert_close(regions[b, n], expected[b, n + 1], atol=1e-5, rtol=1e-5)
+    assert torch.equal(regions[0, 1], torch.zeros_like(regions[0, 1]))  # masked: the RoI-[MASK] token alone
+    assert torch.equal(regions[1, 3], torch.zeros_like(regions[1, 3]))  # padding
+    # the term follows the appearance it is given: an edited visual input (the ablation) edits it too
+    with torch.no_grad():
+        out_a = run(with_words, batch, masked_regions=masked)
+        edited = appearance.clone()
+        edited[0, 1] = edited[0, 2]
+        normalised = with_words.vl_bert.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
+                                                        boxes=batch["boxes"], box_mask=batch["box_mask"],
+                                                        masked_regions=masked)[1]
+        out_b = run(with_words, batch, masked_regions=masked, visual_input=(edited, normalised))
+    assert not torch.allclose(out_a.last_hidden_state[0], out_b.last_hidden_state[0])
+    assert torch.allclose(out_a.last_hidden_state[1], out_b.last_hidden_state[1], atol=1e-5)
+
+
+def test_region_words_are_checked_against_the_detector(tiny_cfg):
+    with pytest.raises(ValueError, match="names 2 classes, fast_rcnn.num_classes is 9"):
+        VLBert(model_config("tiny", updates={"region_class_words": [[8], [9]]}))
+    with pytest.raises(ValueError, match="names 1 attributes, fast_rcnn.num_attributes is 0"):
+        VLBert(model_config("tiny", updates={"region_attribute_words": [[8]]}))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        VLBert(model_config("tiny", updates={"region_class_words": [[8]] * 8 + [[500]]}))
+    with pytest.raises(ValueError, match="end-to-end Fast R-CNN"):
+        VLBert(model_config("tiny", updates={"region_class_words": [[8]] * 9, "region_input": "features"}))
+
+
+def test_readout_heads_name_the_nearest_word_and_class(tiny_cfg):
+    """init_as_readout: MLM logits = LayerNorm(gelu(h)) @ E^T (identity transform, zero bias); MRC logits =
+    LayerNorm(gelu(h)) @ N^T with N the class names' embeddings; a state equal to a word's embedding (scaled
+    up) is named as that word."""
+    torch.manual_seed(0)
+    model = VLBertForPretraining(tiny_cfg)
+    model.mlm_head.init_as_readout()
+    names = torch.randn(tiny_cfg.fast_rcnn.num_classes, 32)
+    model.masked_roi_classification.init_as_readout(names)
+    h = torch.randn(5, 32)
+    e = model.vl_bert.embeddings.word_embeddings.weight
+    expected = torch.nn.functional.layer_norm(torch.nn.functional.gelu(h), (32,), eps=tiny_cfg.layer_norm_eps)
+    with torch.no_grad():
+        torch.testing.assert_close(model.mlm_head(h), expected @ e.T, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model.masked_roi_classification(h), expected @ names.T, atol=1e-5, rtol=1e-5)
+        assert model.masked_roi_classification(5 * names).argmax(-1).tolist() == list(range(len(names)))
+    # still tied: the readout decodes through the live word embeddings
+    assert model.mlm_head.decoder.weight is model.vl_bert.embeddings.word_embeddings.weight
+
+
+def test_aligned_region_words_by_hand(tiny_cfg):
+    """aligned_region_words: weights = softmax(scale * [max_part cos(E[w], part_r) over candidate regions,
+    threshold]) without the last column, times the summed parts; a word naming nothing takes ~nothing."""
+    cfg = model_config("tiny", updates={"region_class_words": [[8]] * 9, "region_word_alignment": 0.5,
+                                        "region_word_alignment_scale": 10.0})
+    emb = VLBert(cfg).embeddings
+    torch.manual_seed(0)
+    classes, attributes = torch.randn(1, 3, 32), torch.randn(1, 3, 32)
+    words = torch.stack([classes[0, 0], attributes[0, 2], torch.randn(32), classes[0, 1] + 0.1 * torch.randn(32)])
+    candidates = torch.tensor([[True, True, False]])  # region 2 masked (or padding)
+    got = emb.aligned_region_words(words.unsqueeze(0), [classes, attributes], candidates)[0]
+    for t in range(4):
+        cos = [max(torch.cosine_similarity(words[t], part[0, r], 0) for part in (classes, attributes))
+               for r in range(2)]
+        logits = torch.tensor([*cos, 0.5]) * 10.0
+        w = logits.softmax(0)[:2]
+        expected = w[0] * (classes[0, 0] + attributes[0, 0]) + w[1] * (classes[0, 1] + attributes[0, 1])
+        torch.testing.assert_close(got[t], expected, atol=1e-5, rtol=1e-5)
+    # word 1 names region 2's attribute, but region 2 is no candidate: it takes (almost) nothing of it
+    assert float(torch.cosine_similarity(got[1], classes[0, 2] + attributes[0, 2], 0)) < 0.9
+    with pytest.raises(ValueError, match="region_word_alignment aligns words"):
+        VLBert(model_config("tiny", updates={"region_word_alignment": 0.5}))

@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from model.config import FastRCNNConfig
+from model.config import FastRCNNConfig, load_config
 from model.fast_rcnn import FastRCNN
-from pretrain.detector import BoxSet, DetectorConfig, DetectorWarmup, evaluate, export_state
+from pretrain.detector import BoxSet, DetectorConfig, DetectorWarmup, drift, evaluate, export_state
 from shards.coco import CocoFormatError, read_instances, read_vocabularies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_warmup_learns_and_exports_loadable_weights(tmp_path):
     batch = data.batch([0, 1])
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
     first = None
-    for _ in range(15):
+    for _ in range(30):
         loss, metrics = module(batch)
         first = first if first is not None else float(loss)
         opt.zero_grad()
@@ -84,13 +84,19 @@ def test_warmup_learns_and_exports_loadable_weights(tmp_path):
     # exported weights load through FastRCNN's own loader and compute the same features
     path = tmp_path / "fast_rcnn.pt"
     torch.save(export_state(module.state_dict()), path)
-    loaded = FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(path)})).eval()
+    loaded = FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(path), "num_attributes": 3})).eval()
     module.eval()
     args = (batch["images"], batch["image_sizes"], batch["boxes"], batch["box_mask"])
     with torch.no_grad():
         assert torch.allclose(loaded(*args, class_logits=True)["class_logits"],
                               module.fast_rcnn(*args, class_logits=True)["class_logits"], atol=1e-6)
-    assert not any(k.startswith("attribute_head") for k in export_state(module.state_dict()))
+        # the attribute head is the Fast R-CNN's own and travels with it (region word embeddings read it)
+        appearance = loaded(*args)["appearance"]
+        assert torch.allclose(loaded.attribute_classifier(appearance)[:, 1:], module.logits(batch)[1], atol=1e-6)
+    # a detector without an attribute head loads the same file; one of another width is refused by name
+    FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(path)}))
+    with pytest.raises(ValueError, match="has 3 attributes, fast_rcnn.num_attributes is 5"):
+        FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(path), "num_attributes": 5}))
 
 
 def test_evaluate_counts_by_hand(tmp_path, monkeypatch):
@@ -122,3 +128,16 @@ def test_command_line_writes_weights_and_val_metrics(tmp_path):
     metrics = json.loads((run / "metrics_val.json").read_text())
     assert metrics["regions"] == 2 and metrics["attribute_regions"] == 2
     FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(run / "fast_rcnn.pt")}))  # loads (ZeRO-2 export)
+    # the vocabulary beside the weights names the classifiers' outputs in order (pretraining's region_words)
+    assert json.loads((run / "fast_rcnn.vocab.json").read_text()) == {
+        "classes": ["__background__", "square", "circle"], "attributes": ["red", "blue", "large"]}
+    # detector drift: the warm-up's exported weights, loaded as frozen batch norm as pretraining loads them,
+    # give back the figures the warm-up measured on its own batch-norm module
+    cfg = load_config(DetectorConfig, None, cmd[3:6] + [f"engine.run_dir={run}", "fast_rcnn.backbone=resnet18",
+                                                         "fast_rcnn.num_classes=3", "fast_rcnn.roi_output_size=4",
+                                                         "short_side=32", "long_side=32"])
+    state = {k: v for k, v in torch.load(run / "fast_rcnn.pt", weights_only=True).items()
+             if not k.endswith("num_batches_tracked")}
+    result = drift(state, cfg)
+    for key in ("object_accuracy", "attribute_accuracy", "regions"):
+        assert result["after"][key] == metrics[key] == result["warm_up"][key]
