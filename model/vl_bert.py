@@ -266,6 +266,11 @@ class VLBert(nn.Module):
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
         self.region_words = cfg.visual_embedding == "vlbert" and (cfg.region_class_words is not None or
                                                                   cfg.region_attribute_words is not None)
+        if self.fast_rcnn is not None and self.fast_rcnn.attribute_classifier is not None and \
+                cfg.region_attribute_words is None:
+            # carried, not trained: nothing reads it in pretraining, but it says what the trained features still
+            # tell about attributes (detector drift)
+            self.fast_rcnn.attribute_classifier.requires_grad_(False)
         if cfg.region_word_alignment is not None and not self.region_words:
             raise ValueError("region_word_alignment aligns words to region word embeddings: set region_class_words "
                              "/ region_attribute_words (pretraining: region_words) too")
