@@ -8,7 +8,8 @@ colour-word accuracy with each colour word masked alone (the grounding measureme
 
     python docs/grounding_demo/binding_probe.py [steps=400] [lr=2e-4] [align=0.7] [words=0] [textcopy=1] ...
 
-words=0: no region words (the text prior); textcopy=1: the visible objects' "colour shape" pairs are written
+words=0: no region words (the text prior); textwarm=N: the first N steps are text-only MLM on the captions;
+textcopy=1: the visible objects' "colour shape" pairs are written
 after the caption as text, so the answer is in the input as words; align=T: region_word_alignment = T.
 Run from the repository root after `python -m shards.demo --out data/demo`.
 """
@@ -137,9 +138,17 @@ def batch(items, mask_fn):
     return inp, types, tm, lab, A, B, BM
 
 
-def forward(b):
+TEXTWARM = int(args.get("textwarm", 0))  # first N steps: the captions as text-only MLM (no regions)
+
+
+def forward(b, text_only=False):
     inp, types, tm, lab, A, B, BM = b
-    out = model.vl_bert(inp, tm, types, boxes=torch.zeros(len(inp), BM.shape[1], 4), box_mask=BM, visual_input=(A, B))
+    if text_only:
+        out = model.vl_bert(inp, tm, types)
+    else:
+        out = model.vl_bert(
+            inp, tm, types, boxes=torch.zeros(len(inp), BM.shape[1], 4), box_mask=BM, visual_input=(A, B)
+        )
     h = out.text_hidden[lab != -100]
     return model.mlm_head(h), lab[lab != -100]
 
@@ -180,7 +189,7 @@ for step in range(1, STEPS + 1):
         return ch or {random.randrange(len(words))}
 
     b = batch(items, mask_fn)
-    logits, lab = forward(b)
+    logits, lab = forward(b, text_only=step <= TEXTWARM)
     loss = F.cross_entropy(logits.float(), lab)
     opt.zero_grad()
     loss.backward()
