@@ -140,13 +140,18 @@ class VQAQuestion:
     multiple_choice_answer: str = ""
 
 
-def _load_json(path: Path, key: str) -> list:
+def read_json(path: str | Path):
+    """A JSON file's content; a missing file or bad JSON is an error naming the file."""
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: not found") from None
     except json.JSONDecodeError as e:
         raise VQAFormatError(f"{path}: not JSON ({e})") from None
+
+
+def _load_json(path: Path, key: str) -> list:
+    data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
         raise VQAFormatError(f"{path}: expected an object with a '{key}' list")
     return data[key]

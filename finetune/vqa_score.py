@@ -19,17 +19,12 @@ from pathlib import Path
 
 from shards.skips import SkipLog
 
-from .vqa import VQAFormatError, accuracy_table, read_vqa, vqa_accuracy
+from .vqa import VQAFormatError, accuracy_table, read_json, read_vqa, vqa_accuracy
 
 
 def read_results(path: str | Path) -> dict[int, str]:
     """{question_id: answer}; a malformed or repeated record is an error naming the file and the record."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: not found") from None
-    except json.JSONDecodeError as e:
-        raise VQAFormatError(f"{path}: not JSON ({e})") from None
+    data = read_json(path)
     if not isinstance(data, list):
         raise VQAFormatError(f"{path}: expected a list of {{question_id, answer}} records")
     out: dict[int, str] = {}

@@ -53,11 +53,12 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             number = float(value) if isinstance(value, str) else value
-        except ValueError:
+            whole = int(number)
+        except (ValueError, OverflowError):  # not a number, nan, inf
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-        if number != int(number):  # 2.5 steps is a mistake, not 2 or 3 steps
+        if number != whole:  # 2.5 steps is a mistake, not 2 or 3 steps
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return int(number)
+        return whole
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")

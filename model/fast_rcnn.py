@@ -131,8 +131,6 @@ class FastRCNN(nn.Module):
                 and mapped["attribute_classifier.weight"].shape[0] != self.cfg.num_attributes:
             raise ValueError(f"{path}: its attribute classifier has {mapped['attribute_classifier.weight'].shape[0]} "
                              f"attributes, fast_rcnn.num_attributes is {self.cfg.num_attributes}")
-        if self.attribute_classifier is None:
-            mapped = {k: v for k, v in mapped.items() if not k.startswith("attribute_classifier.")}
         for key, value in mapped.items():
             if key in own and own[key].shape != value.shape:
                 raise ValueError(f"{path}: '{key}' has shape {list(value.shape)}, {self.cfg.backbone} needs "
