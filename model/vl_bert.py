@@ -320,9 +320,25 @@ class VLBert(nn.Module):
                         region_features=None, image_hw=None, class_logits: bool = False):
         """Appearance [B, 1+N, F], normalised boxes [B, 1+N, 4] and object logits, from pixels (end to
         end) or from precomputed [B, N, F] features. Element 0 is the whole image: in precomputed mode
-        its appearance is the mean of the unmasked regions' features, and masked regions are zeroed."""
+        its appearance is the mean of the unmasked regions' features, and masked regions are zeroed.
+        images / region_features may hold B/K rows for B rows of boxes: rows k*(B/K) + i share image i."""
         if masked_regions is None:
             masked_regions = torch.zeros_like(box_mask)
+        rows = (images if region_features is None else region_features).shape[0]
+        views = box_mask.shape[0] // rows
+        if views * rows != box_mask.shape[0]:
+            raise ValueError(f"{box_mask.shape[0]} rows of boxes for {rows} images: each image serves the same "
+                             "number of rows")
+        if views > 1:
+            # several texts per image (pretraining's word views; a VCR question's answers): the detector runs once
+            # per image, and rows k*rows + i take image i's features. The rows of one image share its boxes and
+            # zeroed regions: the first `rows` rows define them.
+            appearance, boxes_norm, logits = self.region_features(
+                images=images, image_sizes=image_sizes, boxes=boxes[:rows], box_mask=box_mask[:rows],
+                masked_regions=masked_regions[:rows], region_features=region_features, image_hw=image_hw,
+                class_logits=class_logits)
+            return (appearance.repeat(views, 1, 1), boxes_norm.repeat(views, 1, 1),
+                    None if logits is None else logits.repeat(views, 1, 1))
         if region_features is None:
             if self.fast_rcnn is None:
                 raise ValueError("this VLBert has no Fast R-CNN: pass region_features (precomputed mode)")
@@ -357,7 +373,8 @@ class VLBert(nn.Module):
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
-        Fast R-CNN, or region_features [B, N, F] + image_hw [B, 2]. word_region_index [B, T]: the
+        Fast R-CNN, or region_features [B, N, F] + image_hw [B, 2]; images (region_features) may hold B/K
+        rows, each shared by the K text rows k*(B/K) + i (see `region_features`). word_region_index [B, T]: the
         region whose feature a word takes as its visual term (-1 = the whole image). visual_input:
         (appearance [B, 1+N, F], normalised boxes [B, 1+N, 4]) as `region_features` returns them, to
         feed edited visual inputs (the cross-modal ablation diagnostic); boxes/box_mask still given.

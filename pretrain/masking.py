@@ -35,6 +35,10 @@ class MaskingConfig:
     mrc_zero_fraction: float = 0.9  # of chosen regions: pixels zeroed (the rest stay visible)
     co_mask_iou: float | None = None  # zero regions overlapping a zeroed one above this IoU; None = off
     max_caption_elements: int = 64  # words + regions of a caption sample
+    # Word views: each caption is masked this many times independently (its own words chosen each time, the
+    # same regions zeroed), and the detector runs once per image for all of them. The CNN is most of an
+    # end-to-end step on small models, so K views cost far less than K times the images (docs/ABLATION.md).
+    word_views: int = 1
     # Control for the cross-modal ablation diagnostic: every caption image becomes a constant grey (the
     # detector's pixel mean, which normalises to 0), or with precomputed features every feature becomes
     # 0, so the model pretrains with vision always ablated; boxes, and so region geometry, stay.
@@ -118,7 +122,11 @@ class PretrainMasker:
             keep_words, keep_regions = trimmed_lengths(words, regions, c.max_caption_elements)
             valid[i, keep_words:] = False
             box_mask[i] &= rank[i] < keep_regions
-        out = self._text_inputs(torch.where(valid, ids, self.pad_id), valid, g)
+        k = c.word_views
+        if k < 1:
+            raise ValueError(f"masking.word_views: {k}, must be >= 1")
+        # rows k*b + i are caption i's views: its image is image i of the batch (VLBert.region_features)
+        out = self._text_inputs(torch.where(valid, ids, self.pad_id).repeat(k, 1), valid.repeat(k, 1), g)
         # masked RoI classification
         chosen = (torch.rand(b, n, generator=g) < c.mrc_probability) & box_mask
         if not chosen.any() and box_mask.any():
@@ -130,6 +138,7 @@ class PretrainMasker:
             # neighbours of a zeroed region are hidden too; targets kept visible (the 10%) stay visible
             zeroed = zeroed | ((overlap & zeroed.unsqueeze(1)).any(-1) & box_mask & ~chosen)
         positions = chosen.flatten().nonzero().squeeze(1)  # into [B * N] of the regions (whole image excluded)
+        views = (positions + torch.arange(k).unsqueeze(1) * (b * n)).flatten()  # into [K * B * N]: every view
         probs = batch.get("class_probs")
         if probs is None:  # no detector distributions stored: the detector's class as a one-hot target
             probs = torch.nn.functional.one_hot(batch["box_classes"].clamp(min=0), self.num_classes)
@@ -141,10 +150,11 @@ class PretrainMasker:
             images = batch["images"]
             visual = {"images": self.grey.expand_as(images).clone() if c.ablate_image else images,
                       "image_sizes": batch["image_sizes"]}
-        out.update({**visual, "boxes": batch["boxes"],
-                    "box_mask": box_mask, "masked_regions": zeroed, "mrc_positions": positions,
-                    "mrc_probs": probs.flatten(0, 1)[positions].float(),
-                    "mrc_labels": batch["box_classes"].flatten()[positions],
+        box_mask, zeroed = box_mask.repeat(k, 1), zeroed.repeat(k, 1)
+        out.update({**visual, "boxes": batch["boxes"].repeat(k, 1, 1),
+                    "box_mask": box_mask, "masked_regions": zeroed, "mrc_positions": views,
+                    "mrc_probs": probs.flatten(0, 1)[positions].float().repeat(k, 1),
+                    "mrc_labels": batch["box_classes"].flatten()[positions].repeat(k),
                     "real_positions": real_positions(out["text_mask"], box_mask)})
         return out
 

@@ -117,8 +117,8 @@ def count_batch(batch: dict) -> dict[str, float]:
     if "caption" in batch:
         c = batch["caption"]
         b, t = c["text_mask"].shape
-        counts["samples"] += b
-        counts["images"] += b
+        counts["samples"] += b  # masked sequences: a caption's word views count once each
+        counts["images"] += c["images" if "images" in c else "region_features"].shape[0]
         counts["tokens"] += real_positions(c["text_mask"], c["box_mask"])
         counts["positions"] += b * (t + c["box_mask"].shape[1] + 2)
     if "text" in batch:

@@ -325,6 +325,39 @@ def test_a_samples_outputs_do_not_depend_on_its_batchs_padding(tiny_model):
     torch.testing.assert_close(single.last_hidden_state[0][single.attention_mask[0]], padded, atol=1e-5, rtol=1e-5)
 
 
+def test_texts_sharing_an_image_equal_the_image_repeated(tiny_model):
+    """Word views: 2 images for 6 text rows (rows k*2 + i read image i) give what the images repeated per
+    row give, outputs and the detector's gradients, with the detector run once per image."""
+    batch = make_batch()
+    masked = torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(8, 99, (6, batch["input_ids"].shape[1]), generator=g)
+    rows = {k: batch[k].repeat(3, *[1] * (batch[k].dim() - 1)) for k in ("token_type_ids", "text_mask", "boxes",
+                                                                           "box_mask")}
+    rows["masked_regions"] = masked.repeat(3, 1)
+    calls = []
+    hook = tiny_model.vl_bert.fast_rcnn.backbone.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    shared = tiny_model(ids, rows["text_mask"], rows["token_type_ids"], images=batch["images"],
+                        image_sizes=batch["image_sizes"], boxes=rows["boxes"], box_mask=rows["box_mask"],
+                        masked_regions=rows["masked_regions"])
+    hook.remove()
+    assert calls == [2]
+    shared.last_hidden_state.square().sum().backward()
+    grad_shared = tiny_model.vl_bert.fast_rcnn.box_head[0].conv1.weight.grad.clone()
+    tiny_model.zero_grad()
+    repeated = tiny_model(ids, rows["text_mask"], rows["token_type_ids"], images=batch["images"].repeat(3, 1, 1, 1),
+                          image_sizes=batch["image_sizes"].repeat(3, 1), boxes=rows["boxes"],
+                          box_mask=rows["box_mask"], masked_regions=rows["masked_regions"])
+    repeated.last_hidden_state.square().sum().backward()
+    torch.testing.assert_close(shared.last_hidden_state, repeated.last_hidden_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad_shared, tiny_model.vl_bert.fast_rcnn.box_head[0].conv1.weight.grad,
+                               atol=1e-4, rtol=1e-4)
+    tiny_model.zero_grad()
+    with pytest.raises(ValueError, match="6 rows of boxes for 4 images"):
+        tiny_model(ids, rows["text_mask"], rows["token_type_ids"], images=batch["images"].repeat(2, 1, 1, 1),
+                   image_sizes=batch["image_sizes"].repeat(2, 1), boxes=rows["boxes"], box_mask=rows["box_mask"])
+
+
 def test_vocabulary_logits_match_linear_with_gradients():
     from model.heads import pack_for_inference, vocabulary_logits
 

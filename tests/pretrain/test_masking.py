@@ -154,3 +154,37 @@ def test_80_10_10_is_drawn_once_per_word(masker):
     # random replacements may by chance equal the original piece, which is then "kept": allow for it
     differ = (kept[:, 1:][pairs] != kept[:, :-1][pairs]).float().mean().item()
     assert differ < 0.002
+
+
+def test_word_views_mask_each_caption_several_times_over_one_image(masker):
+    tok, plain = masker
+    m = PretrainMasker(MaskingConfig(word_views=3), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+    batch = caption_batch(b=8)
+    batch["caption"]["input_ids"] = torch.randint(2000, 20000, (8, 12), generator=torch.Generator().manual_seed(2))
+    out = m(batch)["caption"]
+    one = plain(batch)["caption"]
+    b, n = batch["caption"]["box_mask"].shape
+    assert out["images"].shape[0] == b and out["input_ids"].shape[0] == 3 * b
+    # every view is the caption (its unmasked words, [CLS]/[SEP] around them), masked on its own
+    def unmasked(c):
+        labels = torch.full(c["input_ids"].shape, IGNORE)
+        labels.view(-1)[c["mlm_positions"]] = c["mlm_labels"]
+        return torch.where(labels != IGNORE, labels, c["input_ids"]), labels
+
+    text, labels = unmasked(out)
+    assert torch.equal(text, unmasked(one)[0].repeat(3, 1))
+    views = (labels != IGNORE).view(3, b, -1)
+    assert not torch.equal(views[0], views[1]) and not torch.equal(views[1], views[2])
+    # the same regions are zeroed and classified in every view, with the same targets
+    for key in ("boxes", "box_mask", "masked_regions"):
+        assert torch.equal(out[key], out[key][:b].repeat(3, *[1] * (out[key].dim() - 1)))
+    chosen = torch.zeros(3 * b * n, dtype=torch.bool)
+    chosen[out["mrc_positions"]] = True
+    chosen = chosen.view(3, b, n)
+    assert torch.equal(chosen[0], chosen[1]) and torch.equal(chosen[0], chosen[2]) and chosen[0].any()
+    expected = batch["caption"]["box_classes"].repeat(3, 1).flatten()[out["mrc_positions"]]
+    assert torch.equal(out["mrc_labels"], expected)
+    probs = batch["caption"]["class_probs"].repeat(3, 1, 1).flatten(0, 1)[out["mrc_positions"]].float()
+    torch.testing.assert_close(out["mrc_probs"], probs)
+    with pytest.raises(ValueError, match="word_views"):
+        PretrainMasker(MaskingConfig(word_views=0), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)(batch)
