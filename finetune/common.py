@@ -212,15 +212,16 @@ class EpochLoader:
         return torch.randperm(len(self.data), generator=g)[self.rank:: self.world].tolist()
 
     def __iter__(self):
-        from shards.reader import _ignore_stop_signals
+        from shards.reader import ignore_stop_signals, worker_batches
 
         while True:
             order = self._order()
             batches = [order[k * self.micro: (k + 1) * self.micro]
                        for k in range(self.position, self.batches_per_epoch)]
             if self.num_workers > 0:
-                source = torch.utils.data.DataLoader(_Batches(self.data, batches), batch_size=None,
-                                                     num_workers=self.num_workers, worker_init_fn=_ignore_stop_signals)
+                source = worker_batches(torch.utils.data.DataLoader(
+                    _Batches(self.data, batches), batch_size=None, num_workers=self.num_workers,
+                    worker_init_fn=ignore_stop_signals))
             else:
                 source = (self.data.batch(b) for b in batches)
             for batch in source:

@@ -416,6 +416,12 @@ class Engine:
                         print(f"\nstopped by signal after step {self.step}; checkpoint saved", flush=True)
                     break
         finally:
+            # an error in the step leaves this frame (and so the loader's generator) referenced by its traceback:
+            # close it here, so the loader stops its workers before the error ends the process
+            # (shards.reader.worker_batches)
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
             for s, h in previous.items():
                 signal.signal(s, h)
             if bar is not None:

@@ -484,13 +484,36 @@ class MixedStream(IterableDataset):
             k += 1
 
 
-def _ignore_stop_signals(_worker_id: int) -> None:
-    """Workers leave SIGTERM/SIGINT to the training process, which stops after its step and then
-    shuts them down; a scheduler signalling the whole process group must not kill them mid-batch."""
+def ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader worker_init_fn: workers leave SIGTERM/SIGINT to the training process, which stops after
+    its step and then shuts them down; a scheduler signalling the whole process group must not kill them
+    mid-batch. Iterate such a loader with `worker_batches`, which stops them on every way out."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def worker_batches(loader: DataLoader) -> Iterator:
+    """A DataLoader's batches, its workers stopped on any way out. Workers that ignore SIGTERM outlive an
+    error: the error's traceback keeps the DataLoader's iterator alive, and at exit multiprocessing SIGTERMs
+    its children and then waits on them forever, so the job hangs instead of failing. On an error (here, in
+    a worker, or thrown in by the consumer) they are killed; closed or exhausted, they are shut down as usual."""
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    batches = iter(loader)
+    workers = [p for p in multiprocessing.active_children() if p.pid not in before]
+    try:
+        yield from batches
+    except GeneratorExit:
+        raise
+    except BaseException:
+        for p in workers:
+            p.kill()
+        raise
+    finally:
+        del batches
 
 
 class StreamLoader:
@@ -539,8 +562,8 @@ class StreamLoader:
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
                             persistent_workers=False, generator=generator,
-                            worker_init_fn=_ignore_stop_signals if workers > 0 else None)
-        for batch in loader:
+                            worker_init_fn=ignore_stop_signals if workers > 0 else None)
+        for batch in worker_batches(loader):
             # Forever streams arrive strictly in order; a finite pass (epochs set) may not at its
             # end, where workers whose share ran out drop out of the rotation.
             if batch["index"] != self.next_index and self.cfg.epochs is None:

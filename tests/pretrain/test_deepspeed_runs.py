@@ -77,6 +77,10 @@ def test_two_rank_run_learns_logs_exports(tmp_path, demo_corpus, stage):
     # ZeRO-3 also runs the periodic diagnostic: its forwards gather partitioned parameters on every rank
     config = tiny_config(tmp_path, demo_corpus, f"z{stage}", diagnostic=stage == 3, zero_stage=stage, steps=steps,
                          record_keys=True, eval_every=8)
+    if stage == 2:  # each caption masked twice over one detector pass (masking.word_views)
+        cfg = yaml.safe_load(config.read_text())
+        cfg["masking"] = {"word_views": 2}
+        config.write_text(yaml.safe_dump(cfg))
     out = launch(config)
     run = tmp_path / f"z{stage}"
     rows = metrics(run)
@@ -158,6 +162,22 @@ def test_sigterm_stops_gracefully_with_a_usable_checkpoint(tmp_path, demo_corpus
     # the checkpoint resumes: two more steps from where it stopped
     launch(config, "--resume", f"engine.steps={stopped_at + 2}")
     assert max(metrics(run)) == stopped_at + 2
+
+
+def test_an_error_in_the_step_ends_every_rank_instead_of_hanging(tmp_path, demo_corpus):
+    """A non-finite loss raises on every rank with a worker running: the job exits non-zero, promptly (the
+    loader's workers ignore SIGTERM and used to keep each rank alive at exit, forever)."""
+    config = tiny_config(tmp_path, demo_corpus, "nan", steps=30, export=False)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["optim"]["lr"] = 1e12
+    config.write_text(yaml.safe_dump(cfg))
+    proc = launch(config, wait=False)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the job hung after a rank's error") from None
+    assert proc.returncode != 0 and "non-finite loss at step" in out, out[-3000:]
 
 
 if __name__ == "__main__":

@@ -218,3 +218,46 @@ def test_fast_jpeg_path_matches_pil(size, short, long):
     ref, ref_scale = load_resized(Image.open(io.BytesIO(buf.getvalue())), short, long)
     assert wh == size and fast.shape == ref.shape and torch.equal(scale, ref_scale)
     assert (fast.float() - ref.float()).abs().mean() < 1.0
+
+
+_FAILING_WORKERS = """
+import sys, torch
+from torch.utils.data import DataLoader, IterableDataset
+from shards.reader import ignore_stop_signals, worker_batches
+
+class Failing(IterableDataset):
+    def __iter__(self):
+        for i in range(1000):
+            if i == 3 and torch.utils.data.get_worker_info().id == 0:
+                raise ValueError("bad record in worker 0")
+            yield torch.tensor(i)
+
+loader = DataLoader(Failing(), batch_size=None, num_workers=2, worker_init_fn=ignore_stop_signals)
+for batch in (worker_batches(loader) if sys.argv[1] == "guarded" else loader):
+    pass
+"""
+
+
+@pytest.mark.parametrize("mode", ["guarded", "plain"])
+def test_an_error_in_a_worker_ends_the_process_instead_of_hanging(mode):
+    """Workers ignoring SIGTERM outlive an error (multiprocessing's exit SIGTERMs them, then waits forever);
+    worker_batches kills them. The plain DataLoader is the control that shows the hang is real."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", _FAILING_WORKERS, mode], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=60 if mode == "guarded" else 12)
+    except subprocess.TimeoutExpired:
+        import os
+        import signal
+
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        assert mode == "plain", "worker_batches: the process hung after a worker's error"
+        return
+    assert mode == "guarded", "the plain DataLoader did not hang: the control no longer shows the failure"
+    assert proc.returncode != 0 and "bad record in worker 0" in err, err[-2000:]
