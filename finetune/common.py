@@ -322,7 +322,7 @@ def finetune_main(spec, argv: list[str] | None) -> int:
         cfg.engine.progress_label = spec.name
         engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=count_batch,
                         run_info={"config": asdict(cfg), "finetune": record})
-        engine.train(resume=args.resume)
+        engine.train(resume=args.resume, overwrite=args.overwrite)
         state = engine.consolidated_state_dict()
         if rank == 0:
             info = dict(info, record=record)

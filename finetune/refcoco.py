@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import box_iou
+from pretrain.engine import entry_point
 from shards.coco import CocoFormatError, read_instances, xywh_to_xyxy
 from shards.skips import SkipLog
 
@@ -263,4 +264,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.heads import BertPredictionHeadTransform
+from pretrain.engine import entry_point
 from shards.skips import SkipLog
 
 from .common import (
@@ -366,4 +367,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

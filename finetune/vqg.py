@@ -34,7 +34,7 @@ from torch import nn
 
 from model.bert_gen import BertGen
 from model.config import load_config
-from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, to_device
+from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, to_device
 
 from .common import EpochLoader
 from .generate import DecodeConfig, generate
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                         count_batch=lambda b: {"samples": float(b["target_ids"].shape[0]),
                                                "tokens": float(b["target_mask"].sum()), "images": 0.0},
                         run_info={"config": asdict(cfg), "bert_gen": record})
-        engine.train(resume=args.resume)
+        engine.train(resume=args.resume, overwrite=args.overwrite)
         state = engine.consolidated_state_dict()
         if rank == 0:
             from model.export import save_pretrained
@@ -409,4 +409,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

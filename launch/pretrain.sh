@@ -12,6 +12,7 @@
 #   --hostfile FILE      deepspeed hostfile for several nodes [HOSTFILE]
 #   --master-addr ADDR   [MASTER_ADDR]      --master-port PORT   [MASTER_PORT, default 29500]
 #   --resume             continue from the newest complete checkpoint
+#   --overwrite          replace a previous run in engine.run_dir (a new run refuses one otherwise)
 #   key=value            config overrides, e.g. engine.steps=1000 data.caption_batch_size=128
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     --hostfile) hostfile="$2"; shift 2 ;;
     --master-addr) master_addr="$2"; shift 2 ;;
     --master-port) master_port="$2"; shift 2 ;;
-    -h|--help) sed -n '3,16p' "$0" | cut -c3-; exit 0 ;;
+    -h|--help) sed -n '3,17p' "$0" | cut -c3-; exit 0 ;;
     *) passthrough+=("$1"); shift ;;
   esac
 done

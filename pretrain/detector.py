@@ -37,7 +37,7 @@ from model.config import FastRCNNConfig
 from shards.coco import read_instances, read_vocabularies
 from shards.skips import SkipLog
 
-from .engine import EngineConfig, OptimConfig, add_run_arguments
+from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point
 
 
 @dataclass
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=count,
                     run_info={"config": asdict(cfg), "train_images": len(train)})
-    engine.train(resume=args.resume)
+    engine.train(resume=args.resume, overwrite=args.overwrite)
     state = engine.consolidated_state_dict()
     run_dir = Path(cfg.engine.run_dir)
     if rank == 0:
@@ -304,4 +304,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

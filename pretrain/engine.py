@@ -20,6 +20,7 @@ import random
 import resource
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from model.config import ConfigError
 
 
 @dataclass
@@ -73,8 +76,28 @@ def add_run_arguments(parser, config_help: str, overrides_example: str) -> None:
     and key=value overrides of the config."""
     parser.add_argument("--config", help=config_help)
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the checkpoints and logs of a previous run in engine.run_dir")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     parser.add_argument("overrides", nargs="*", help=f"key=value, e.g. {overrides_example}")
+
+
+class RunDirInUse(ConfigError):
+    """engine.run_dir holds another run, and neither --resume nor --overwrite was given."""
+
+
+def entry_point(main) -> int:
+    """Runs an entry point's main(): a configuration or usage error (ConfigError) is one line on rank 0 and
+    exit code 2 on every rank, instead of a traceback per rank around the message (VLBERT_TRACEBACK=1 shows
+    it)."""
+    try:
+        return main()
+    except ConfigError as e:
+        if os.environ.get("VLBERT_TRACEBACK"):
+            raise
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 def init_distributed(local_rank: int) -> tuple[int, int]:
@@ -253,13 +276,50 @@ class Engine:
         self.step = 0
         self.stop_requested = False
         self._pending_rng = None
-        self.writer = None
-        if _is_rank0():
+        self.run_info = run_info or {}
+        self.run_id: str | None = None  # names this run in run.json, metrics, eval and checkpoint markers
+        self.writer = None  # rank 0, opened by train() once the run directory is known to be this run's
+
+    # -- the run directory ----------------------------------------------------------------------------
+
+    OWN_FILES = ("checkpoints", "tb", "metrics.jsonl", "eval.jsonl", "run.json")
+
+    def _claim_run_dir(self, resume: bool, overwrite: bool) -> None:
+        """A run directory holding another run's checkpoints or metrics is continued (--resume), replaced
+        (--overwrite), or refused: a new run writing into it would overwrite and rotate away the other's
+        checkpoints, interleave their metrics, and a later --resume would silently continue the old run."""
+        found = complete_checkpoints(self.ckpt_dir)
+        used = bool(found) or (self.run_dir / "metrics.jsonl").exists()
+        if used and not resume:
+            if not overwrite:
+                what = f"checkpoints up to {found[-1].name}" if found else "metrics.jsonl"
+                raise RunDirInUse(f"engine.run_dir: {self.run_dir} holds another run ({what}): pass --resume to "
+                                  "continue it, --overwrite to replace it, or choose another engine.run_dir")
+            self._barrier()  # every rank has looked before rank 0 deletes
+            if self.rank == 0:
+                for name in self.OWN_FILES:
+                    path = self.run_dir / name
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    elif path.exists():
+                        path.unlink()
+                for keys in self.run_dir.glob("keys_rank*.txt"):
+                    keys.unlink()
+                print(f"--overwrite: removed the previous run's checkpoints and logs from {self.run_dir}", flush=True)
+            self._barrier()
+
+    def _open_run(self) -> None:
+        if self.run_id is None:
+            import uuid
+
+            self.run_id = uuid.uuid4().hex[:12]
+        if _is_rank0() and self.writer is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.run_dir / "tb"))
-            (self.run_dir / "run.json").write_text(json.dumps(run_info or {}, indent=1, default=str))
+            (self.run_dir / "run.json").write_text(json.dumps({"run_id": self.run_id, **self.run_info}, indent=1,
+                                                              default=str))
 
     # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -274,7 +334,8 @@ class Engine:
                    path / f"rank_{self.rank}.pt")
         self._barrier()
         if self.rank == 0:
-            (path / "COMPLETE").write_text(json.dumps({"step": self.step, "world_size": self.world}))
+            (path / "COMPLETE").write_text(json.dumps({"step": self.step, "world_size": self.world,
+                                                       "run_id": self.run_id}))
             for old in complete_checkpoints(self.ckpt_dir)[: -self.cfg.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
         self._barrier()
@@ -294,6 +355,7 @@ class Engine:
         self.loader.load_state_dict(own["loader"])
         self._pending_rng = own["rng"]  # set once the loader's iterator exists (creating it draws a seed)
         self.step = client["step"]
+        self.run_id = marker.get("run_id") or self.run_id  # markers before run ids had none
         if _is_rank0():
             print(f"resumed from {path} at step {self.step}", flush=True)
         return True
@@ -350,12 +412,14 @@ class Engine:
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, self.step)
         with open(self.run_dir / jsonl, "a") as f:
-            f.write(json.dumps({"step": self.step, **scalars}) + "\n")
+            f.write(json.dumps({"step": self.step, "run_id": self.run_id, **scalars}) + "\n")
 
-    def train(self, resume: bool = False) -> dict:
+    def train(self, resume: bool = False, overwrite: bool = False) -> dict:
         cfg = self.cfg
+        self._claim_run_dir(resume, overwrite)
         if resume:
             self.resume()
+        self._open_run()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = None
         if _is_rank0() and cfg.progress:
@@ -459,5 +523,9 @@ class Engine:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         latest = complete_checkpoints(self.ckpt_dir)[-1]
+        marker = json.loads((latest / "COMPLETE").read_text())
+        if marker.get("run_id") != self.run_id or marker["step"] != self.step:
+            raise RuntimeError(f"{latest} is run {marker.get('run_id')} at step {marker['step']}, not this run "
+                               f"({self.run_id}, step {self.step}): refusing to export another run's weights")
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         return get_fp32_state_dict_from_zero_checkpoint(str(self.ckpt_dir), tag=latest.name)

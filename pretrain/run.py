@@ -23,7 +23,7 @@ from model.vl_bert import real_positions
 from shards.reader import StreamConfig
 
 from .ablation import DiagnosticConfig
-from .engine import EngineConfig, OptimConfig, add_run_arguments, to_device
+from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, to_device
 from .grounding import GroundingConfig
 from .masking import MaskingConfig
 from .tasks import LossConfig
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                     draw_batch=draw_batch if model_cfg.region_input == "pixels" else None,
                     run_info={"config": asdict(cfg), "model": asdict(model_cfg),
                               "world_size": torch.distributed.get_world_size()})
-    last = engine.train(resume=args.resume)
+    last = engine.train(resume=args.resume, overwrite=args.overwrite)
     finished = engine.step >= cfg.engine.steps
     if cfg.engine.export and finished:
         export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir)
@@ -315,4 +315,4 @@ def export(engine, model_cfg, out: Path, tokenizer_dir) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

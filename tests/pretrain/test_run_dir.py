@@ -1,0 +1,106 @@
+"""A run directory belongs to one run: a new run refuses another's checkpoints unless told to continue
+(--resume) or replace (--overwrite) them, runs carry an id, and export refuses another run's weights."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_RUN = r"""
+import json, sys
+import torch
+from model.config import ConfigError
+from pretrain.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
+
+class Loader:
+    def __init__(self): self.i = 0
+    def state_dict(self): return {"i": self.i}
+    def load_state_dict(self, s): self.i = s["i"]
+    def __iter__(self):
+        while True:
+            self.i += 1
+            yield {"x": torch.full((2, 3), float(self.i))}
+
+class Module(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+    def forward(self, batch):
+        loss = self.lin(batch["x"]).square().mean()
+        return loss, {"loss/total": loss.detach()}
+
+def main():
+    run_dir, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    init_distributed(0)
+    torch.manual_seed(0)
+    cfg = EngineConfig(run_dir=run_dir, steps=steps, zero_stage=1, precision="fp32", log_every=1,
+                       checkpoint_every=2, progress=False, export=False)
+    engine = Engine(Module(), Loader(), cfg, OptimConfig(lr=1e-2, warmup_steps=0), micro_batch_size=2)
+    engine.train(resume=mode == "resume", overwrite=mode == "overwrite")
+    if mode == "tamper":  # the newest checkpoint claims another run
+        marker = sorted((engine.ckpt_dir).glob("step_*/COMPLETE"))[-1]
+        marker.write_text(json.dumps({**json.loads(marker.read_text()), "run_id": "someone-else"}))
+    try:
+        engine.consolidated_state_dict()
+        print("EXPORTED", engine.run_id)
+    except RuntimeError as e:
+        print("REFUSED", e)
+    return 0
+
+sys.exit(entry_point(main))
+"""
+
+
+def run(run_dir: Path, steps: int, mode: str = "new"):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-c", _RUN, str(run_dir), str(steps), mode], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_used_run_dir_is_refused_continued_or_replaced(tmp_path):
+    d = tmp_path / "run"
+    first = run(d, 4)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_id = json.loads((d / "run.json").read_text())["run_id"]
+    assert "EXPORTED " + run_id in first.stdout
+    assert {r["run_id"] for r in rows(d)} == {run_id} and [r["step"] for r in rows(d)] == [1, 2, 3, 4]
+    marker = json.loads((d / "checkpoints/step_0000004/COMPLETE").read_text())
+    assert marker["run_id"] == run_id
+    before = (d / "metrics.jsonl").read_text()
+
+    # a new run into it: one line naming the directory and the ways out, exit 2, nothing touched
+    refused = run(d, 6)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    assert f"engine.run_dir: {d} holds another run (checkpoints up to step_0000004)" in refused.stderr
+    assert "--resume" in refused.stderr and "--overwrite" in refused.stderr
+    assert (d / "metrics.jsonl").read_text() == before and json.loads((d / "run.json").read_text())["run_id"] == run_id
+
+    # --resume continues the same run (same id) from step 4
+    resumed = run(d, 6, "resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in rows(d)] == [1, 2, 3, 4, 5, 6] and {r["run_id"] for r in rows(d)} == {run_id}
+    assert "EXPORTED " + run_id in resumed.stdout
+
+    # --overwrite replaces it: the old checkpoints and metrics are gone, a new id
+    replaced = run(d, 2, "overwrite")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    new_id = json.loads((d / "run.json").read_text())["run_id"]
+    assert new_id != run_id and [r["step"] for r in rows(d)] == [1, 2]
+    assert {r["run_id"] for r in rows(d)} == {new_id}
+    assert sorted(p.name for p in (d / "checkpoints").glob("step_*")) == ["step_0000002"]
+
+
+def test_export_refuses_another_runs_checkpoint(tmp_path):
+    out = run(tmp_path / "run", 2, "tamper")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED" in out.stdout and "someone-else" in out.stdout and "another run's weights" in out.stdout
