@@ -25,11 +25,13 @@ demo_init() {  # config, then the user's overrides -> extra overrides on stdout
   fi
 }
 
-run_module() {  # module, then its arguments
+source "$here/_signals.sh"
+
+run_module() {  # module, then its arguments; SIGTERM/SIGINT reach the training processes (_signals.sh)
   local module="$1"; shift
   if [ "$gpus" -gt 0 ]; then
-    deepspeed --num_gpus "$gpus" --module "$module" "$@"
+    forward_signals ranks deepspeed --num_gpus "$gpus" --module "$module" "$@"
   else
-    python -m "$module" "$@"
+    forward_signals direct python -m "$module" "$@"
   fi
 }

@@ -49,16 +49,17 @@ PY
   fi
 fi
 
+source "$(dirname "${BASH_SOURCE[0]}")/_signals.sh"  # SIGTERM/SIGINT reach the training processes
 gpus="${NUM_GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
 run_step() {  # name, then key=value settings of that step
   local name="$1"; shift
   echo "== $name ==" >&2
   if [ "$gpus" -gt 0 ]; then
-    deepspeed --num_gpus "$gpus" --module finetune.vqg --config "$config" step="$name" \
+    forward_signals ranks deepspeed --num_gpus "$gpus" --module finetune.vqg --config "$config" step="$name" \
       engine.run_dir="$runs/$name" "$@" ${overrides[@]+"${overrides[@]}"}
   else
-    python -m finetune.vqg --config "$config" step="$name" engine.run_dir="$runs/$name" "$@" \
-      ${overrides[@]+"${overrides[@]}"}
+    forward_signals direct python -m finetune.vqg --config "$config" step="$name" engine.run_dir="$runs/$name" \
+      "$@" ${overrides[@]+"${overrides[@]}"}
   fi
 }
 need() { [ -f "$runs/$1/model/model.safetensors" ] || { echo "launch/finetune_vqg.sh: $2 needs $1 first ($runs/$1/model)" >&2; exit 2; }; }

@@ -69,13 +69,10 @@ launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
 [ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")
 echo "launch/pretrain.sh: $gpus process(es) per node${DS_ACCELERATOR:+ on CPU}, config $config" >&2
 # not exec: the stage times are printed once the ranks are done
+source "$here/_signals.sh"
 status=0
-"${launcher[@]}" "$0" --config "$config" ${passthrough[@]+"${passthrough[@]}"} &
-launcher_pid=$!
-trap 'kill -TERM "$launcher_pid" 2>/dev/null' TERM INT
-wait "$launcher_pid" || status=$?
-while kill -0 "$launcher_pid" 2>/dev/null; do wait "$launcher_pid" || status=$?; done  # after a forwarded signal
-trap - TERM INT
+forward_signals "$([ -n "$hostfile" ] && echo direct || echo ranks)" \
+  "${launcher[@]}" "$0" --config "$config" ${passthrough[@]+"${passthrough[@]}"} || status=$?
 stage_done "pretraining (with its final evaluation)"
 echo "launch/pretrain.sh: wall time by stage: $(IFS=,; echo "${stages[*]}" | sed 's/,/, /g'); total $SECONDS s" >&2
 exit $status

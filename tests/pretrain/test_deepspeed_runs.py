@@ -164,6 +164,33 @@ def test_sigterm_stops_gracefully_with_a_usable_checkpoint(tmp_path, demo_corpus
     assert max(metrics(run)) == stopped_at + 2
 
 
+def test_sigterm_to_the_launch_script_stops_every_rank_with_a_checkpoint(tmp_path, demo_corpus):
+    """What a scheduler does on preemption: SIGTERM to the launcher's pid only. The ranks (which the deepspeed
+    launcher does not signal on one node) stop after their step with a checkpoint, the script waits for them
+    and exits 0, and no rank is left running."""
+    import psutil
+
+    config = tiny_config(tmp_path, demo_corpus, "pre", steps=500, export=False)
+    _port[0] += 1
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(["bash", str(ROOT / "launch/pretrain.sh"), "--config", str(config), "--gpus", "2",
+                             "--master-port", str(_port[0])], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    run = tmp_path / "pre"
+    _wait_for(run / "metrics.jsonl", proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        left = [p for p in psutil.process_iter(["cmdline"]) if str(config) in " ".join(p.info["cmdline"] or [])]
+        for p in left:
+            p.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by signal after step" in out, out[-3000:]
+    assert list((run / "checkpoints").glob("step_*/COMPLETE")), out[-3000:]
+    assert not left, [p.info["cmdline"] for p in left]
+
+
 def test_an_error_in_the_step_ends_every_rank_instead_of_hanging(tmp_path, demo_corpus):
     """A non-finite loss raises on every rank with a worker running: the job exits non-zero, promptly (the
     loader's workers ignore SIGTERM and used to keep each rank alive at exit, forever)."""
