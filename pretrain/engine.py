@@ -383,6 +383,15 @@ class Engine:
             dist.all_reduce(values)
             values = values / self.world
         scalars = dict(zip(names, values.cpu().tolist()))  # one host sync, every log_every steps
+        skip_counts = getattr(self.loader, "skip_counts", None)
+        if skip_counts is not None:  # bad records skipped so far, summed over ranks (fixed keys on every rank)
+            skips = skip_counts()
+            keys = sorted(skips)
+            total = torch.tensor([skips[k] for k in keys], dtype=torch.float64)
+            if dist.is_initialized():
+                total = total.to(self.device)
+                dist.all_reduce(total)
+            scalars.update({f"data/skipped/{k}": v for k, v in zip(keys, total.cpu().tolist())})
         elapsed = timing["step"]
         scalars.update({
             "lr": self.scheduler.get_last_lr()[0],

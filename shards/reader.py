@@ -574,6 +574,18 @@ class StreamLoader:
             self.next_index = batch["index"] + 1
             yield batch
 
+    # what the engine logs as data/skipped/<source>/<reason>: the same keys on every rank (summed over ranks)
+    SKIP_REASONS = {"unreadable or truncated tar": "tar", "undecodable sample": "sample"}
+
+    def skip_counts(self) -> dict[str, float]:
+        """Skipped samples since this process started, by source and reason, under fixed keys."""
+        slugs = [*self.SKIP_REASONS.values(), "other"]
+        counts = {f"{source}/{slug}": 0.0 for source in ("caption", "text") for slug in slugs}
+        for source, reasons in self.skip_summary().items():
+            for reason, n in reasons.items():
+                counts[f"{source}/{self.SKIP_REASONS.get(reason, 'other')}"] += n
+        return counts
+
     def skip_summary(self) -> dict:
         """Skipped samples so far, summed over workers: {source: {reason: count}}."""
         total: dict[str, dict[str, int]] = {}

@@ -98,7 +98,8 @@ def test_two_rank_run_learns_logs_exports(tmp_path, demo_corpus, stage):
     events.Reload()
     scalars = set(events.Tags()["scalars"])
     for tag in ("loss/mlm_caption", "loss/mrc", "loss/mlm_text", "loss/total", "acc/mlm_caption", "acc/mrc",
-                "acc/mlm_text", "lr", "grad_norm", "loss_scale", "throughput/samples_per_s",
+                "acc/mlm_text", "lr", "grad_norm", "loss_scale", "throughput/samples_per_s", "data/skipped/caption/tar",
+                "data/skipped/caption/sample", "data/skipped/text/sample",
                 "throughput/tokens_per_s", "throughput/images_per_s", "data_wait_fraction", "memory/peak_bytes"):
         assert tag in scalars, tag
     assert len(events.Scalars("loss/total")) == steps

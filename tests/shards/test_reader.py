@@ -93,6 +93,9 @@ def test_corrupt_samples_are_skipped_and_counted(corpus, caplog):
     assert "000101" not in keys and "000102" not in keys and {"000100", "000103"} <= set(keys)
     skipped = loader.skip_summary()["caption"]
     assert skipped["undecodable sample"] >= 2 and skipped["unreadable or truncated tar"] == 1
+    counts = loader.skip_counts()  # what the engine logs as data/skipped/*: fixed keys, zeros included
+    assert counts["caption/sample"] == skipped["undecodable sample"] and counts["caption/tar"] == 1
+    assert counts["text/sample"] == 0 and counts["text/tar"] == 0
     assert "bad.tar:000101" in caplog.text and "trunc.tar" in caplog.text
 
 
