@@ -21,20 +21,35 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 def _onednn_op(name: str):
-    """One of oneDNN's CPU ops (those inductor lowers linears to), or None if this build lacks it."""
+    """One of oneDNN's CPU ops (those inductor lowers linears to), or None if this build lacks it.
+
+    These are torch's private ops (`torch.ops.mkldnn._linear_pointwise`, `_reorder_linear_weight`), measured
+    and tested on torch 2.14.1 (the CUDA wheel's CPU path); any torch may drop or change them, so a build
+    without them, or a call they refuse, falls back to the public products below, silently and for good."""
     if not torch.backends.mkldnn.is_available():
         return None
     return getattr(torch.ops.mkldnn, name, None)
 
 
-_ONEDNN_LINEAR = _onednn_op("_linear_pointwise")
-_ONEDNN_REORDER = _onednn_op("_reorder_linear_weight")
+_ONEDNN = {"linear": _onednn_op("_linear_pointwise"), "reorder": _onednn_op("_reorder_linear_weight")}
+
+
+def _onednn_call(name: str, *args):
+    """The private op's result, or None (and the op never tried again) if it is missing or refuses the call."""
+    op = _ONEDNN[name]
+    if op is None:
+        return None
+    try:
+        return op(*args)
+    except (RuntimeError, TypeError, NotImplementedError):
+        _ONEDNN[name] = None
+        return None
 
 
 def _onednn_usable(*tensors: torch.Tensor) -> bool:
     """oneDNN's fp32 inner product applies: CPU, fp32, no autocast (which would run the product in
     bf16) and no autograd (it has no derivative)."""
-    return _ONEDNN_LINEAR is not None and torch.backends.mkldnn.enabled \
+    return _ONEDNN["linear"] is not None and torch.backends.mkldnn.enabled \
         and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) \
         and not torch.is_autocast_enabled("cpu") \
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
@@ -44,9 +59,9 @@ def pack_for_inference(weight: torch.Tensor) -> torch.Tensor | None:
     """`weight` [V, H] reordered once into oneDNN's blocked layout, for many no-grad products with it (a
     decode's steps): 4.2 against 6-7 ms per 32 x 384 step at 30k words, for an 18 ms reorder. A copy:
     valid while the weight does not change. None where `vocabulary_logits` would not use it."""
-    if _ONEDNN_REORDER is None or not _onednn_usable(weight):
+    if _ONEDNN["reorder"] is None or not _onednn_usable(weight):
         return None
-    return _ONEDNN_REORDER(weight.detach().contiguous(), None)
+    return _onednn_call("reorder", weight.detach().contiguous(), None)
 
 
 def vocabulary_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -61,10 +76,13 @@ def vocabulary_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     if weight.device.type != "cpu":
         return F.linear(hidden, weight, bias)
     flat = hidden.reshape(-1, hidden.shape[-1])
+    logits = None
     if _onednn_usable(flat, weight, bias):
         w = packed if packed is not None else weight.contiguous()
-        logits = _ONEDNN_LINEAR(flat.contiguous(), w, bias, "none", [], "")
-    else:
+        logits = _onednn_call("linear", flat.contiguous(), w, bias, "none", [], "")
+    if logits is None:
+        if packed is not None and packed.is_mkldnn:
+            weight = weight.contiguous()  # the packed copy is oneDNN's alone
         logits = torch.addmm(bias.unsqueeze(1), weight, flat.T).T.contiguous()  # bias inside the GEMM
     return logits.view(*hidden.shape[:-1], weight.shape[0])
 

@@ -387,6 +387,29 @@ def test_vocabulary_logits_match_linear_with_gradients():
         torch.testing.assert_close(vocabulary_logits(last, weight, bias, packed), expected)
 
 
+def test_vocabulary_logits_without_the_private_onednn_ops(monkeypatch):
+    """A torch without oneDNN's private ops, or one whose ops refuse the call, gets F.linear's numbers."""
+    from model import heads
+
+    g = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(3, 16, generator=g), torch.randn(40, 16, generator=g)
+    bias = torch.randn(40, generator=g)
+    expected = torch.nn.functional.linear(hidden, weight, bias)
+    packed = heads.pack_for_inference(weight)
+
+    def refuses(*args):
+        raise RuntimeError("mkldnn op changed its schema")
+
+    for broken in (None, refuses):
+        monkeypatch.setitem(heads._ONEDNN, "linear", broken)
+        monkeypatch.setitem(heads._ONEDNN, "reorder", broken)
+        with torch.no_grad():
+            torch.testing.assert_close(heads.vocabulary_logits(hidden, weight, bias), expected)
+            torch.testing.assert_close(heads.vocabulary_logits(hidden, weight, bias, packed), expected)
+            assert heads.pack_for_inference(weight) is None
+        assert heads._ONEDNN["linear"] is None  # a refused op is not tried again
+
+
 def test_appearance_standardiser_matches_masked_statistics():
     from model.vl_bert import AppearanceStandardiser
 
