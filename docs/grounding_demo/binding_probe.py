@@ -8,7 +8,8 @@ colour-word accuracy with each colour word masked alone (the grounding measureme
 
     python docs/grounding_demo/binding_probe.py [steps=400] [lr=2e-4] [align=0.7] [words=0] [textcopy=1] ...
 
-words=0: no region words (the text prior); textwarm=N: the first N steps are text-only MLM on the captions;
+views=K: BS/K images per step, each caption masked K times; words=0: no region words (the text prior);
+textwarm=N: the first N steps are text-only MLM on the captions;
 textcopy=1: the visible objects' "colour shape" pairs are written
 after the caption as text, so the answer is in the input as words; align=T: region_word_alignment = T.
 Run from the repository root after `python -m shards.demo --out data/demo`.
@@ -95,6 +96,7 @@ def visual(scene):
 
 
 TEXTCOPY = args.get("textcopy", "0") == "1"
+VIEWS = int(args.get("views", 1))
 
 
 def tags(s):
@@ -182,7 +184,8 @@ sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
 t0 = time.time()
 print("step 0 colour", round(evaluate(), 3), flush=True)
 for step in range(1, STEPS + 1):
-    items = [(s, s["caption"]) for s in random.sample(train, BS)]
+    # views=K: BS/K images, each caption masked K times independently (K word maskings per CNN pass)
+    items = [(s, s["caption"]) for s in random.sample(train, BS // VIEWS) for _ in range(VIEWS)]
 
     def mask_fn(words):
         ch = {j for j in range(len(words)) if random.random() < MLMP}
