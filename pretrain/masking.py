@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from model.boxes import box_iou
+from model.fast_rcnn import pixel_mask
 from model.vl_bert import assemble_text, real_positions
 
 IGNORE = -100
@@ -148,8 +149,11 @@ class PretrainMasker:
                       "image_hw": batch["image_hw"]}
         else:
             images = batch["images"]
-            visual = {"images": self.grey.expand_as(images).clone() if c.ablate_image else images,
-                      "image_sizes": batch["image_sizes"]}
+            if c.ablate_image:
+                images = self.grey.expand_as(images).clone()
+            elif zeroed.any():
+                images = self.grey_resampling_rings(images, batch, zeroed)
+            visual = {"images": images, "image_sizes": batch["image_sizes"]}
         box_mask, zeroed = box_mask.repeat(k, 1), zeroed.repeat(k, 1)
         out.update({**visual, "boxes": batch["boxes"].repeat(k, 1, 1),
                     "box_mask": box_mask, "masked_regions": zeroed, "mrc_positions": views,
@@ -157,6 +161,19 @@ class PretrainMasker:
                     "mrc_labels": batch["box_classes"].flatten()[positions].repeat(k),
                     "real_positions": real_positions(out["text_mask"], box_mask)})
         return out
+
+    def grey_resampling_rings(self, images: torch.Tensor, batch: dict, zeroed: torch.Tensor) -> torch.Tensor:
+        """The reader resized each image before any box was chosen, so a zeroed box's pixels were blended into
+        a ring around it: as wide as the resampling filter's reach, 1 pixel of the resized image when shrinking
+        (the antialiased filter spans one source pixel per output pixel) and `scale` pixels when enlarging
+        (bilinear reaches one source pixel). The model zeroes the box itself; the ring is set to the pixel
+        mean here (0 after normalisation, up to uint8 rounding), so nothing of a hidden object remains."""
+        scales = batch.get("resize_scales")
+        reach = torch.ones(images.shape[0]) if scales is None else scales.float().clamp(min=1.0)
+        widen = reach.view(-1, 1, 1) * torch.tensor([-1.0, -1.0, 1.0, 1.0])  # [B, 1, 4]
+        h, w = images.shape[-2:]
+        ring = pixel_mask(batch["boxes"] + widen, zeroed, torch.tensor([[h, w]]).expand(len(images), 2), h, w)
+        return torch.where(ring.unsqueeze(1), self.grey, images)
 
     def __call__(self, batch: dict) -> dict:
         g = self.generator(batch["index"])

@@ -303,7 +303,8 @@ class CaptionDecoder:
             image, box_scale, (w, h) = decode_resized(record["jpg"], cfg.short_side, cfg.long_side)
             if (meta["width"], meta["height"]) != (w, h):
                 raise ValueError(f"JSON says {meta['width']}x{meta['height']}, image is {w}x{h}")
-            visual = {"image": image}
+            # the resize factor: resampling spreads a box's pixels over a ring this wide around it (the masker)
+            visual = {"image": image, "resize_scale": float(box_scale[:2].max())}
         boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4) * box_scale
         scores = torch.tensor(meta["scores"], dtype=torch.float32)
         classes = torch.tensor(meta["classes"], dtype=torch.long)
@@ -380,7 +381,8 @@ def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
                   "image_hw": torch.tensor([list(s["image_hw"]) for s in samples])}  # [B, 2] (h, w)
     else:
         images, image_sizes = pad_images([s["image"] for s in samples], size_divisibility)
-        visual = {"images": images, "image_sizes": image_sizes}  # image_sizes [B, 2] (h, w)
+        visual = {"images": images, "image_sizes": image_sizes,  # image_sizes [B, 2] (h, w)
+                  "resize_scales": torch.tensor([s.get("resize_scale", 1.0) for s in samples])}  # [B]
     boxes = torch.zeros((b, n, 4))  # [B, N, 4] pixels of the resized image (of the original: features)
     box_mask = torch.zeros((b, n), dtype=torch.bool)
     classes = torch.full((b, n), -1, dtype=torch.long)

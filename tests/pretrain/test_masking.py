@@ -188,3 +188,49 @@ def test_word_views_mask_each_caption_several_times_over_one_image(masker):
     torch.testing.assert_close(out["mrc_probs"], probs)
     with pytest.raises(ValueError, match="word_views"):
         PretrainMasker(MaskingConfig(word_views=0), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)(batch)
+
+
+def test_a_zeroed_box_leaves_nothing_of_its_object_after_resizing():
+    """The reader resizes before boxes are chosen, so a hidden object's pixels were blended into a ring around
+    its box. Two images that differ only inside the box must reach the detector identical once it is zeroed;
+    without the ring greyed (the control) they differ next to the box."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from model.config import FastRCNNConfig
+    from model.fast_rcnn import FastRCNN
+    from shards.reader import collate_captions, decode_resized
+
+    rng = np.random.default_rng(0)
+    background = rng.integers(0, 256, (150, 200, 3), dtype=np.uint8)
+    with_object = background.copy()
+    with_object[40:90, 60:110] = [255, 0, 0]  # the object fills its box exactly
+    box = torch.tensor([[60.0, 40.0, 110.0, 90.0]])
+    samples = []
+    for i, pixels in enumerate((with_object, background)):
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="PNG")  # lossless: JPEG blocks would spread the object too
+        image, scale, _ = decode_resized(buf.getvalue(), 60, 1000)  # 0.4x, antialiased
+        samples.append({"key": str(i), "image": image, "resize_scale": float(scale[0]), "boxes": box * scale,
+                        "scores": torch.ones(1), "classes": torch.ones(1, dtype=torch.long), "class_probs": None,
+                        "input_ids": torch.tensor([2204, 2204])})
+    batch = {"index": 0, "caption": collate_captions(samples)}
+    tok = load_tokenizer(None)
+    m = PretrainMasker(MaskingConfig(mrc_probability=1.0, mrc_zero_fraction=1.0), tok, cls_id=101, sep_id=102,
+                       mask_id=103, num_classes=9)
+    detector = FastRCNN(FastRCNNConfig(num_classes=9))
+
+    def seen(c):
+        x = detector.normalise(c["images"], c["image_sizes"], c["boxes"][:2], c["masked_regions"][:2])
+        return x[0], x[1]
+
+    out = m(batch)["caption"]
+    assert out["masked_regions"][:2].all()
+    a, b = seen(out)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # the control: the same masking without the ring leaves the object's colour in the pixels around its box
+    m.grey_resampling_rings = lambda images, batch, zeroed: images
+    a, b = seen(m(batch)["caption"])
+    assert (a - b).abs().amax() > 0.1  # 0.44 here: ~25 grey levels of red in the ring
