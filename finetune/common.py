@@ -295,7 +295,7 @@ def finetune_main(spec, argv: list[str] | None) -> int:
     from pretrain.engine import Engine, init_distributed
     from shards.tokenizer import load_tokenizer
 
-    rank, world = init_distributed(args.local_rank)
+    rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.engine.run_dir)
     if args.eval_only:

@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both (got {cfg.step}, {cfg.inputs})")
     from pretrain.engine import Engine, init_distributed
 
-    rank, world = init_distributed(args.local_rank)
+    rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     torch.manual_seed(cfg.seed)
     from shards.tokenizer import load_tokenizer, resolve_bert_dir
 

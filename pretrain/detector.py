@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(DetectorConfig, args.config, args.overrides)
     categories, attributes = read_vocabularies(cfg.train)
     num_attributes = max(attributes, default=0)
-    rank, world = init_distributed(args.local_rank)
+    rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     torch.manual_seed(cfg.seed)
     train = BoxSet(cfg.train, cfg, cfg.fast_rcnn.num_classes, num_attributes)
     module = DetectorWarmup(cfg.fast_rcnn, num_attributes, cfg.attribute_weight, cfg.attribute_loss)

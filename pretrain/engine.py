@@ -69,6 +69,9 @@ class EngineConfig:
     export: bool = True  # consolidated fp32 weights to <run_dir>/export at the end
     record_keys: bool = False  # append every sample key each rank trains on to <run_dir>/keys_rank<R>.txt
     eval_every: int = 0  # run the evaluator (e.g. the cross-modal diagnostic) every N steps; 0 = never
+    # a collective waiting longer than this for a stuck rank ends the job with an error instead of a hang;
+    # it must exceed the longest rank-0-only stretch (a final evaluation on a large split, an export)
+    dist_timeout_s: float = 1800.0
 
 
 def add_run_arguments(parser, config_help: str, overrides_example: str) -> None:
@@ -100,9 +103,13 @@ def entry_point(main) -> int:
         return 2
 
 
-def init_distributed(local_rank: int) -> tuple[int, int]:
+def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, int]:
     """Join the job's process group (NCCL on GPUs, gloo on CPU) and pick this rank's GPU; without a
-    launcher, a world of one (the engine runs on DeepSpeed either way). Returns (rank, world size)."""
+    launcher, a world of one (the engine runs on DeepSpeed either way). Returns (rank, world size).
+    timeout_s (engine.dist_timeout_s): a collective that waits longer for a stuck rank raises on the ranks
+    waiting, which ends the job (the launcher then stops the rest) instead of hanging it."""
+    import datetime
+
     import deepspeed
 
     if "RANK" not in os.environ:
@@ -114,7 +121,16 @@ def init_distributed(local_rank: int) -> tuple[int, int]:
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # DeepSpeed builds its own groups (data parallel, ZeRO's reductions) with new_group(), which takes torch's
+    # default timeout (30 min), not the world group's: set that default too. A module global of torch
+    # (2.14); where it is missing, only the world group gets the timeout.
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if isinstance(getattr(c10d, name, None), datetime.timedelta):
+            setattr(c10d, name, timeout)
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
     return dist.get_rank(), dist.get_world_size()
@@ -272,7 +288,9 @@ class Engine:
         # step would sync the device in the hot loop.
         self._vote_group = None
         if dist.is_initialized() and dist.get_backend() == "nccl":
-            self._vote_group = dist.new_group(backend="gloo")
+            import datetime
+
+            self._vote_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
         self.step = 0
         self.stop_requested = False
         self._pending_rng = None

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .engine import init_distributed
 
-    rank, _ = init_distributed(args.local_rank)
+    rank, _ = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     torch.manual_seed(cfg.engine.seed + rank)
 
     from model.hf_import import load_hf_bert

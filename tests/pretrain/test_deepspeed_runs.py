@@ -192,6 +192,33 @@ def test_sigterm_to_the_launch_script_stops_every_rank_with_a_checkpoint(tmp_pat
     assert not left, [p.info["cmdline"] for p in left]
 
 
+def test_a_stuck_rank_ends_the_job_after_the_distributed_timeout(tmp_path, demo_corpus):
+    """One rank of two stops answering (SIGSTOP: alive, but in no collective): the other's next collective
+    times out after engine.dist_timeout_s and the job ends with an error instead of waiting forever."""
+    import psutil
+
+    config = tiny_config(tmp_path, demo_corpus, "stuck", steps=500, export=False, dist_timeout_s=30)
+    proc = launch(config, wait=False)
+    _wait_for(tmp_path / "stuck" / "metrics.jsonl", proc)
+    found = [p for p in psutil.process_iter(["cmdline"])
+             if "--local_rank=1" in (p.info["cmdline"] or []) and str(config) in (p.info["cmdline"] or [])]
+    ranks = [p for p in found if p.ppid() not in {q.pid for q in found}]  # not its data workers (forks)
+    assert len(ranks) == 1, found
+    ranks[0].suspend()
+    start = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the job hung on a stuck rank") from None
+    finally:
+        for p in ranks:
+            if p.is_running():
+                p.kill()
+    assert proc.returncode != 0, out[-3000:]
+    assert time.monotonic() - start < 200
+
+
 def test_an_error_in_the_step_ends_every_rank_instead_of_hanging(tmp_path, demo_corpus):
     """A non-finite loss raises on every rank with a worker running: the job exits non-zero, promptly (the
     loader's workers ignore SIGTERM and used to keep each rank alive at exit, forever)."""
