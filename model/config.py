@@ -48,9 +48,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true/false, got {value!r}")
         return value
+    if tp in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float, str))):
+        raise ConfigError(f"{where}: expected {'an integer' if tp is int else 'a number'}, got {value!r}")
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             number = float(value) if isinstance(value, str) else value
             whole = int(number)
@@ -60,8 +60,6 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return whole
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
             return float(value)
         except ValueError:

@@ -396,20 +396,19 @@ class Engine:
     def _log(self, sums: dict[str, torch.Tensor], count: int, timing: dict[str, float], counts: dict[str, float]):
         names = sorted(sums)
         values = torch.stack([sums[n].float() for n in names]) / count
+        # bad records skipped so far (the same keys on every rank), in the same reduction: scaled by the world
+        # size, their mean over ranks is their sum
+        skip_counts = getattr(self.loader, "skip_counts", None)
+        skips = skip_counts() if skip_counts is not None else {}
+        skip_names = sorted(skips)
+        values = torch.cat([values, torch.tensor([skips[k] * self.world for k in skip_names],
+                                                 dtype=values.dtype, device=values.device)])
         if dist.is_initialized():  # mean over ranks
             values = values.to(self.device)
             dist.all_reduce(values)
             values = values / self.world
-        scalars = dict(zip(names, values.cpu().tolist()))  # one host sync, every log_every steps
-        skip_counts = getattr(self.loader, "skip_counts", None)
-        if skip_counts is not None:  # bad records skipped so far, summed over ranks (fixed keys on every rank)
-            skips = skip_counts()
-            keys = sorted(skips)
-            total = torch.tensor([skips[k] for k in keys], dtype=torch.float64)
-            if dist.is_initialized():
-                total = total.to(self.device)
-                dist.all_reduce(total)
-            scalars.update({f"data/skipped/{k}": v for k, v in zip(keys, total.cpu().tolist())})
+        scalars = dict(zip(names + [f"data/skipped/{k}" for k in skip_names],
+                           values.cpu().tolist()))  # one host sync, every log_every steps
         elapsed = timing["step"]
         scalars.update({
             "lr": self.scheduler.get_last_lr()[0],
