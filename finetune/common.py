@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
-from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments
+from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, run_overrides
 
 
 @dataclass
@@ -291,7 +291,7 @@ def finetune_main(spec, argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     from model.config import load_config
 
-    cfg = load_config(spec.config_cls, args.config, args.overrides)
+    cfg = load_config(spec.config_cls, args.config, run_overrides(args))
     from pretrain.engine import Engine, init_distributed
     from shards.tokenizer import load_tokenizer
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from model.bert_gen import BertGen
 from model.config import load_config
-from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, to_device
+from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides, to_device
 
 from .common import EpochLoader
 from .generate import DecodeConfig, generate
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(p, "VQGConfig YAML (see launch/configs/vqg_*.yaml)", "step=step2 inputs=image epochs=2")
     p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
     args = p.parse_args(argv)
-    cfg = load_config(VQGConfig, args.config, args.overrides)
+    cfg = load_config(VQGConfig, args.config, run_overrides(args))
     if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
         raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both (got {cfg.step}, {cfg.inputs})")
     from pretrain.engine import Engine, init_distributed

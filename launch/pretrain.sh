@@ -13,6 +13,7 @@
 #   --master-addr ADDR   [MASTER_ADDR]      --master-port PORT   [MASTER_PORT, default 29500]
 #   --resume             continue from the newest complete checkpoint
 #   --overwrite          replace a previous run in engine.run_dir (a new run refuses one otherwise)
+#   --skip-batches S,..  with --resume: drop the batches of these steps (as <run_dir>/nonfinite.jsonl names)
 #   key=value            config overrides, e.g. engine.steps=1000 data.caption_batch_size=128
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -37,7 +37,7 @@ from model.config import FastRCNNConfig
 from shards.coco import read_instances, read_vocabularies
 from shards.skips import SkipLog
 
-from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point
+from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides
 
 
 @dataclass
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .engine import Engine, init_distributed
 
-    cfg = load_config(DetectorConfig, args.config, args.overrides)
+    cfg = load_config(DetectorConfig, args.config, run_overrides(args))
     categories, attributes = read_vocabularies(cfg.train)
     num_attributes = max(attributes, default=0)
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)

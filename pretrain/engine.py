@@ -13,8 +13,8 @@ after the current step, with a checkpoint.
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 import os
 import random
 import resource
@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,13 @@ class EngineConfig:
     # a collective waiting longer than this for a stuck rank ends the job with an error instead of a hang;
     # it must exceed the longest rank-0-only stretch (a final evaluation on a large split, an export)
     dist_timeout_s: float = 1800.0
+    # A step whose loss or gradients are not finite is not applied (weights, optimizer state and so every
+    # checkpoint stay finite) and is logged with its sample keys to <run_dir>/nonfinite.jsonl; more than this
+    # many such steps in a run stop the job with an error (docs/RELIABILITY.md, non-finite policy)
+    max_nonfinite_steps: int = 3
+    # steps whose batches are drawn and dropped without a forward pass: resume past a known-bad batch
+    # (--skip-batches 1200,1201 on the command line)
+    skip_steps: list = field(default_factory=list)
 
 
 def add_run_arguments(parser, config_help: str, overrides_example: str) -> None:
@@ -82,25 +90,87 @@ def add_run_arguments(parser, config_help: str, overrides_example: str) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the checkpoints and logs of a previous run in engine.run_dir")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    parser.add_argument("--skip-batches", type=_step_list, default=[], metavar="STEP[,STEP...]",
+                        help="drop the batches of these steps (e.g. those <run_dir>/nonfinite.jsonl names) and "
+                             "go on: engine.skip_steps")
     parser.add_argument("overrides", nargs="*", help=f"key=value, e.g. {overrides_example}")
+
+
+def _step_list(text: str) -> list[int]:
+    try:
+        steps = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of step numbers") from None
+    if any(s < 1 for s in steps):
+        raise argparse.ArgumentTypeError(f"'{text}': steps count from 1")
+    return steps
+
+
+def run_overrides(args) -> list[str]:
+    """The key=value overrides of an entry point's command line, with its flags that stand for config keys."""
+    extra = [f"engine.skip_steps={sorted(set(args.skip_batches))}"] if getattr(args, "skip_batches", None) else []
+    return list(args.overrides) + extra
 
 
 class RunDirInUse(ConfigError):
     """engine.run_dir holds another run, and neither --resume nor --overwrite was given."""
 
 
+class NonFiniteSteps(FloatingPointError):
+    """More steps than engine.max_nonfinite_steps had a non-finite loss or gradient."""
+
+
+class FiniteGuard:
+    """Skips an optimizer step whose gradients are not finite, for the one path where DeepSpeed applies it:
+    ZeRO stage 0 in fp32 (its ZeRO 1-3 optimizers and its bf16/fp16 wrappers test the global gradient norm they
+    compute for clipping and skip the step themselves). Installed as the torch optimizer's `step`.
+
+    A fused optimizer (CUDA) gets the flag as `found_inf`, the attribute torch's GradScaler uses: the fused
+    kernels leave weights, moments and step count unchanged where it is set, so nothing waits on the device.
+    The unfused ones (CPU, where there is no device to wait for) read the flag and skip the call; the
+    `overflow` attribute it leaves tells DeepSpeed's engine the step was skipped (no LR scheduler step)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.inner = optimizer.step
+        self.fused = bool(optimizer.defaults.get("fused"))
+        self.device_flag: torch.Tensor | None = None  # the fused path's last flag, read when the engine settles
+
+        def step(opt, *args, **kwargs):  # a method, as torch's LR schedulers expect to wrap one
+            return self(*args, **kwargs)
+
+        optimizer.step = types.MethodType(step, optimizer)
+
+    def __call__(self, *args, **kwargs):
+        opt = self.optimizer
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return self.inner(*args, **kwargs)
+        bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+        if self.fused:
+            opt.grad_scale, opt.found_inf = None, bad.float()
+            try:
+                return self.inner(*args, **kwargs)
+            finally:
+                del opt.grad_scale, opt.found_inf
+                self.device_flag = bad
+        opt.overflow = bool(bad)
+        if not opt.overflow:
+            return self.inner(*args, **kwargs)
+
+
 def entry_point(main) -> int:
     """Runs an entry point's main(): a configuration or usage error (ConfigError) is one line on rank 0 and
     exit code 2 on every rank, instead of a traceback per rank around the message (VLBERT_TRACEBACK=1 shows
-    it)."""
+    it); a run stopped by the non-finite policy (NonFiniteSteps, the same on every rank) likewise, exit code 3."""
     try:
         return main()
-    except ConfigError as e:
+    except (ConfigError, NonFiniteSteps) as e:
         if os.environ.get("VLBERT_TRACEBACK"):
             raise
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return 2 if isinstance(e, ConfigError) else 3
 
 
 def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, int]:
@@ -279,6 +349,7 @@ class Engine:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         optimizer, factor = build_optimizer(module, optim, cfg.steps)
+        self._guard = FiniteGuard(optimizer) if cfg.zero_stage == 0 and cfg.precision == "fp32" else None
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=module, optimizer=optimizer, config=deepspeed_config(cfg, optim, micro_batch_size,
                                                                       sum(p.numel() for p in module.parameters())),
@@ -297,10 +368,12 @@ class Engine:
         self.run_info = run_info or {}
         self.run_id: str | None = None  # names this run in run.json, metrics, eval and checkpoint markers
         self.writer = None  # rank 0, opened by train() once the run directory is known to be this run's
+        self._pending_flags: list = []  # (step, flag: bool or device tensor, sample keys) since the last settle
+        self.nonfinite_steps = 0
 
     # -- the run directory ----------------------------------------------------------------------------
 
-    OWN_FILES = ("checkpoints", "tb", "metrics.jsonl", "eval.jsonl", "run.json")
+    OWN_FILES = ("checkpoints", "tb", "metrics.jsonl", "eval.jsonl", "run.json", "nonfinite.jsonl")
 
     def _claim_run_dir(self, resume: bool, overwrite: bool) -> None:
         """A run directory holding another run's checkpoints or metrics is continued (--resume), replaced
@@ -395,7 +468,8 @@ class Engine:
 
     def _log(self, sums: dict[str, torch.Tensor], count: int, timing: dict[str, float], counts: dict[str, float]):
         names = sorted(sums)
-        values = torch.stack([sums[n].float() for n in names]) / count
+        values = (torch.stack([sums[n].float() for n in names]) / count if names
+                  else torch.zeros(0, device=self.device))  # a window of dropped steps only
         # bad records skipped so far (the same keys on every rank), in the same reduction: scaled by the world
         # size, their mean over ranks is their sum
         skip_counts = getattr(self.loader, "skip_counts", None)
@@ -460,35 +534,57 @@ class Engine:
         window = {"wait": 0.0, "step": 0.0}
         counts = {"samples": 0.0, "tokens": 0.0, "images": 0.0}
         n_window, last = 0, {}
+        skip_steps = {int(s) for s in cfg.skip_steps}
+        fp16 = cfg.precision == "fp16"
         self.engine.train()
         try:
             while self.step < cfg.steps:
                 start = time.perf_counter()
-                for _ in range(cfg.gradient_accumulation_steps):
-                    t0 = time.perf_counter()
-                    batch = next(batches)
-                    window["wait"] += time.perf_counter() - t0
-                    if cfg.record_keys:
-                        self._record_keys(batch)
-                    if self.count_batch is not None:
-                        for k, v in self.count_batch(batch).items():
-                            counts[k] = counts.get(k, 0.0) + v
-                    if self.writer is not None and self.draw_batch and cfg.image_every and \
-                            (self.step + 1) % cfg.image_every == 0:
-                        self.writer.add_image("train/sample", self.draw_batch(batch), self.step + 1)
-                    loss, metrics = self.engine(to_device(batch, self.device))
-                    self.engine.backward(loss)
-                    self.engine.step()
-                    for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0) + v
-                    n_window += 1
-                self.step += 1
-                window["step"] += time.perf_counter() - start
+                if self.step + 1 in skip_steps:
+                    self._drop_step(batches)
+                    window["step"] += time.perf_counter() - start
+                else:
+                    step_sums: dict[str, torch.Tensor] = {}
+                    loss_bad = None
+                    keys: list[str] = []
+                    skipped_before = self.engine.skipped_steps
+                    for _ in range(cfg.gradient_accumulation_steps):
+                        t0 = time.perf_counter()
+                        batch = next(batches)
+                        window["wait"] += time.perf_counter() - t0
+                        keys += self._batch_keys(batch)
+                        if cfg.record_keys:
+                            self._record_keys(batch)
+                        if self.count_batch is not None:
+                            for k, v in self.count_batch(batch).items():
+                                counts[k] = counts.get(k, 0.0) + v
+                        if self.writer is not None and self.draw_batch and cfg.image_every and \
+                                (self.step + 1) % cfg.image_every == 0:
+                            self.writer.add_image("train/sample", self.draw_batch(batch), self.step + 1)
+                        loss, metrics = self.engine(to_device(batch, self.device))
+                        self.engine.backward(loss)
+                        self.engine.step()
+                        bad = ~torch.isfinite(loss.detach())  # on the device: read when the engine settles
+                        loss_bad = bad if loss_bad is None else loss_bad | bad
+                        for k, v in metrics.items():
+                            step_sums[k] = step_sums.get(k, 0) + v
+                    self.step += 1
+                    window["step"] += time.perf_counter() - start
+                    # a skip by DeepSpeed (or FiniteGuard's on the host) is a host fact already; under fp16 its skips
+                    # are the loss scaler's search, not a fault
+                    skipped = not fp16 and self.engine.skipped_steps > skipped_before
+                    flag = loss_bad | skipped
+                    if self._guard is not None and self._guard.device_flag is not None:
+                        flag = flag | self._guard.device_flag
+                    self._pending_flags.append((self.step, flag, keys))
+                    # a skipped step's metrics (NaN) stay out of the window's means
+                    for k, v in step_sums.items():
+                        sums[k] = sums.get(k, 0) + torch.where(flag, torch.zeros_like(v), v)
+                    n_window = n_window + (~flag).to(torch.float32) * cfg.gradient_accumulation_steps
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    self._settle_nonfinite()
                     last = self._log(sums, n_window, window, counts)
-                    if not all(math.isfinite(v) for k, v in last.items() if k.startswith("loss/")):
-                        raise FloatingPointError(f"non-finite loss at step {self.step}: {last}")
-                    if bar is not None:
+                    if bar is not None and "loss/total" in last:
                         bar.set_postfix(loss=f"{last['loss/total']:.3f}",
                                         samples_s=f"{last['throughput/samples_per_s']:.1f}")
                     sums, n_window = {}, 0
@@ -500,6 +596,7 @@ class Engine:
                     bar.update(1)
                 stop = self._stop_agreed()
                 if stop or self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self._settle_nonfinite()  # the limit is enforced before a checkpoint names this step
                     self.save_checkpoint()
                 if stop:
                     if _is_rank0():
@@ -520,6 +617,58 @@ class Engine:
                 self.writer.flush()
         return last
 
+    def _drop_step(self, batches) -> None:
+        """engine.skip_steps: draw the step's batches (the stream stays where an applied step leaves it) and
+        apply nothing; like a step DeepSpeed skips, the LR schedule stays where it was."""
+        keys = []
+        for _ in range(self.cfg.gradient_accumulation_steps):
+            keys += self._batch_keys(next(batches))
+        self.step += 1
+        if _is_rank0():
+            print(f"\nstep {self.step}: batch dropped (engine.skip_steps)", flush=True)
+        self._append_nonfinite({"step": self.step, "rank": self.rank, "dropped": True, "keys": keys})
+
+    def _settle_nonfinite(self) -> None:
+        """Reads the flags of the steps since the last settle (one host read, at a log step or a checkpoint,
+        never inside a step), logs the bad ones with their sample keys and enforces engine.max_nonfinite_steps.
+        Every rank holds the same flags: a non-finite gradient on one rank is non-finite after the all-reduce on
+        all of them, and DeepSpeed's skip decision is collective."""
+        if not self._pending_flags:
+            return
+        flags = torch.stack([torch.as_tensor(f, device=self.device) for _, f, _ in self._pending_flags])
+        bad_steps = []
+        for (step, _, keys), bad in zip(self._pending_flags, flags.cpu().tolist()):
+            if bad:
+                bad_steps.append(step)
+                self._append_nonfinite({"step": step, "rank": self.rank, "keys": keys})
+        self._pending_flags = []
+        if not bad_steps:
+            return
+        self.nonfinite_steps += len(bad_steps)
+        if _is_rank0():
+            print(f"\nnon-finite loss or gradients at step(s) {bad_steps}: not applied "
+                  f"({self.nonfinite_steps} of at most {self.cfg.max_nonfinite_steps} in this run; sample keys "
+                  f"in {self.run_dir / 'nonfinite.jsonl'})", flush=True)
+        self.write_scalars({"nonfinite/skipped_steps": float(self.nonfinite_steps)}, "metrics.jsonl")
+        if self.nonfinite_steps > self.cfg.max_nonfinite_steps:
+            done = complete_checkpoints(self.ckpt_dir)
+            raise NonFiniteSteps(
+                f"non-finite loss or gradients at {self.nonfinite_steps} steps, more than "
+                f"engine.max_nonfinite_steps={self.cfg.max_nonfinite_steps} (last at step {bad_steps[-1]}; steps "
+                f"and sample keys in {self.run_dir / 'nonfinite.jsonl'}). None was applied"
+                + (f"; the newest checkpoint is {done[-1]}" if done else "")
+                + ". Resume past known-bad batches with --resume --skip-batches STEP[,STEP...], or lower the LR.")
+
+    def _append_nonfinite(self, record: dict) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "nonfinite.jsonl", "a") as f:  # one short line per append: ranks do not interleave
+            f.write(json.dumps({"run_id": self.run_id, **record}) + "\n")
+
+    @staticmethod
+    def _batch_keys(batch: dict) -> list[str]:
+        return [f"{source}/{k}" for source in ("caption", "text") if isinstance(batch.get(source), dict)
+                for k in batch[source].get("keys", [])] + [str(k) for k in batch.get("keys", [])]
+
     def _run_evaluation(self) -> dict[str, float]:
         start = time.perf_counter()
         self.engine.eval()
@@ -533,8 +682,7 @@ class Engine:
         return scalars
 
     def _record_keys(self, batch: dict) -> None:
-        keys = [f"{source}/{k}" for source in ("caption", "text") if source in batch
-                for k in batch[source].get("keys", [])]
+        keys = self._batch_keys(batch)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / f"keys_rank{self.rank}.txt", "a") as f:
             f.write("\n".join(keys) + "\n")

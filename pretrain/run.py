@@ -23,7 +23,7 @@ from model.vl_bert import real_positions
 from shards.reader import StreamConfig
 
 from .ablation import DiagnosticConfig
-from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, to_device
+from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides, to_device
 from .grounding import GroundingConfig
 from .masking import MaskingConfig
 from .tasks import LossConfig
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="VL-BERT pretraining (one process per rank)", epilog=__doc__)
     add_run_arguments(p, "PretrainConfig YAML (see launch/configs/)", "engine.steps=200")
     args = p.parse_args(argv)
-    cfg = load_config(PretrainConfig, args.config, args.overrides)
+    cfg = load_config(PretrainConfig, args.config, run_overrides(args))
 
     from .engine import init_distributed
 

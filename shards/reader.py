@@ -29,6 +29,7 @@ import io
 import json
 import math
 import random
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -147,17 +148,29 @@ class _Source:
         self.urls, self.role, self.parts, self.seed, self.buffer = urls, role, parts, seed, buffer
         self.decode, self.skips, self.epochs = decode, skips, epochs
         self.epoch, self.pulled = state if state is not None else (0, 0)
+        self._bad_tars: set[str] = set()  # shards reported unreadable in this pass
 
     @property
     def state(self) -> tuple[int, int]:
         return self.epoch, self.pulled
 
     def _handler(self, exn: Exception) -> bool:
-        url = next((a for a in reversed(exn.args) if isinstance(a, str) and a.endswith(".tar")), "?")
-        self.skips.skip("unreadable or truncated tar", str(url), f"{type(exn).__name__}: {exn.args[0]}")
+        # A tar cut inside a member's data fails twice in webdataset: in the member loop (the message names the
+        # open file, "... @ <_io.BufferedReader name='...'>") and then at the shard level (the url in args).
+        # Both name one shard: it is counted and reported once per pass.
+        message = str(exn.args[0]) if exn.args else str(exn)
+        url = next((a for a in reversed(exn.args) if isinstance(a, str) and a.endswith(".tar")), None)
+        if url is None:
+            named = re.search(r"name='([^']+)'", message)
+            url = named.group(1) if named else "?"
+        if url != "?" and url in self._bad_tars:
+            return True
+        self._bad_tars.add(url)
+        self.skips.skip("unreadable or truncated tar", str(url), f"{type(exn).__name__}: {message.split(' @ <')[0]}")
         return True
 
     def _records(self, epoch: int) -> Iterator[dict]:
+        self._bad_tars = set()
         order = list(self.urls)
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         by_shard = len(order) >= self.parts

@@ -78,6 +78,32 @@ def test_exact_resume(corpus, workers, stop):
         StreamLoader(cfg_for(corpus, num_workers=workers + 2)).load_state_dict(state)
 
 
+def test_a_tar_cut_anywhere_is_reported_once_with_its_path(corpus, caplog):
+    """Cut inside a member's data, webdataset raises twice for one shard (once naming the open file inside
+    its message, once with the url): one skip, located at the shard, never at '?'."""
+    import tarfile
+
+    good = corpus / "cap-0.tar"
+    with tarfile.open(good) as tar:
+        members = tar.getmembers()
+    first_jpg = next(m for m in members if m.name.endswith(".jpg"))
+    last = members[-2]
+    cuts = {"in the first image": first_jpg.offset_data + first_jpg.size // 2,
+            "in a later member": last.offset_data + last.size // 2}
+    for label, cut in cuts.items():
+        caplog.clear()
+        truncated = corpus / "trunc.tar"
+        truncated.write_bytes(good.read_bytes()[:cut])
+        # good shards after it in the seeded order: skip counts travel with the batches that follow
+        shards = ",".join([str(truncated)] + [str(corpus / f"cap-{i}.tar") for i in range(1, 5)])
+        loader = StreamLoader(cfg_for(corpus, caption_shards=shards, text_batch_size=0, caption_batch_size=1,
+                                      epochs=1))
+        keys_of(loader, "caption")
+        assert loader.skip_summary()["caption"]["unreadable or truncated tar"] == 1, label
+        reports = [r.getMessage() for r in caplog.records if "unreadable or truncated tar" in r.getMessage()]
+        assert len(reports) == 1 and f"{truncated}: unreadable" in reports[0], (label, reports)
+
+
 def test_corrupt_samples_are_skipped_and_counted(corpus, caplog):
     bad = caption_samples(100, 4)
     bad[1]["jpg"] = b"\xff\xd8 not really a jpeg"

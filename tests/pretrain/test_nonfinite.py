@@ -1,0 +1,146 @@
+"""The non-finite policy: a step whose loss or gradients are not finite is never applied (so never
+checkpointed), it is logged with its sample keys, more than engine.max_nonfinite_steps of them stop the job
+(exit 3, one line), and --skip-batches resumes past known-bad batches.
+
+The independent reference: the same run on clean data with the bad steps' batches dropped
+(engine.skip_steps). Its weights must equal, bit for bit, those of the run that met the bad batches: any trace
+of a bad update (in the weights, or in Adam's moments or step count, which shape every later update) breaks
+the equality. At ZeRO 0 in fp32 the engine's FiniteGuard does the skip; at ZeRO 1 DeepSpeed's own
+gradient-norm check does."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_RUN = r"""
+import json, sys
+import torch
+from pretrain.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
+
+args = json.loads(sys.argv[1])
+
+class Loader:
+    # batch i (from 1) is x = i-dependent values; data poison: NaN inputs; grad poison: an inf gradient
+    # under a finite loss
+    def __init__(self): self.i = 0
+    def state_dict(self): return {"i": self.i}
+    def load_state_dict(self, s): self.i = s["i"]
+    def __iter__(self):
+        while True:
+            self.i += 1
+            g = torch.Generator().manual_seed(self.i)
+            x = torch.randn(4, 3, generator=g)
+            if self.i in args["nan_data"]:
+                x[1, 2] = float("nan")
+            yield {"x": x, "grad_poison": torch.tensor(self.i in args["inf_grad"]), "keys": [f"b{self.i}"]}
+
+class Module(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+    def forward(self, batch):
+        out = self.lin(batch["x"])
+        if bool(batch["grad_poison"]):
+            out.register_hook(lambda g: g * float("inf"))
+        loss = (out - 1).square().mean()
+        return loss, {"loss/total": loss.detach()}
+
+def main():
+    init_distributed(0)
+    torch.manual_seed(0)
+    cfg = EngineConfig(run_dir=args["run_dir"], steps=args["steps"], zero_stage=args["stage"], precision="fp32",
+                       log_every=3, checkpoint_every=2, keep_checkpoints=10, progress=False, export=False,
+                       max_nonfinite_steps=args["max"], skip_steps=args["skip"])
+    engine = Engine(Module(), Loader(), cfg, OptimConfig(lr=5e-2, warmup_steps=0, schedule="step", grad_clip=1.0),
+                    micro_batch_size=4)
+    engine.train(resume=args.get("resume", False))
+    torch.save({k: v.clone() for k, v in engine.engine.module.state_dict().items()}, args["run_dir"] + "/final.pt")
+    return 0
+
+sys.exit(entry_point(main))
+"""
+
+
+def run(run_dir: Path, stage: int, steps: int = 8, nan_data=(), inf_grad=(), skip=(), max_bad=3, resume=False):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    args = {"run_dir": str(run_dir), "stage": stage, "steps": steps, "nan_data": list(nan_data),
+            "inf_grad": list(inf_grad), "skip": list(skip), "max": max_bad, "resume": resume}
+    return subprocess.run([sys.executable, "-c", _RUN, json.dumps(args)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def final(run_dir: Path) -> dict:
+    return torch.load(run_dir / "final.pt", weights_only=True)
+
+
+def logged(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "nonfinite.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_bad_steps_are_never_applied_and_are_logged_with_their_keys(tmp_path, stage):
+    bad = run(tmp_path / "bad", stage, nan_data=[3], inf_grad=[6])
+    assert bad.returncode == 0, bad.stderr[-3000:]
+    assert [(r["step"], r["keys"]) for r in logged(tmp_path / "bad")] == [(3, ["b3"]), (6, ["b6"])]
+    assert "non-finite loss or gradients at step(s) [3]" in bad.stdout
+
+    ref = run(tmp_path / "ref", stage, skip=[3, 6])  # clean data, those batches dropped
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert [(r["step"], r.get("dropped")) for r in logged(tmp_path / "ref")] == [(3, True), (6, True)]
+    got, want = final(tmp_path / "bad"), final(tmp_path / "ref")
+    assert all(torch.isfinite(v).all() for v in got.values())
+    assert all(torch.equal(got[k], want[k]) for k in want), "a bad step left a trace in the weights or optimizer"
+
+    clean = run(tmp_path / "clean", stage)  # the control: applying those two batches changes the weights
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    assert not all(torch.equal(final(tmp_path / "clean")[k], want[k]) for k in want)
+
+    # the logged losses are the applied steps' (finite), with the count of skipped steps beside them
+    rows = [json.loads(line) for line in (tmp_path / "bad" / "metrics.jsonl").read_text().splitlines()]
+    assert all(v == v for r in rows for k, v in r.items() if k.startswith("loss/"))
+    assert max(r.get("nonfinite/skipped_steps", 0) for r in rows) == 2
+
+
+def test_too_many_bad_steps_stop_the_job_and_skip_batches_resumes_past_them(tmp_path):
+    d = tmp_path / "run"
+    stopped = run(d, 0, steps=10, nan_data=[3, 5], max_bad=1)
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    err = stopped.stderr.strip().splitlines()
+    assert err[-1].startswith("error: non-finite loss or gradients at 2 steps, more than "
+                              "engine.max_nonfinite_steps=1"), stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "--skip-batches" in err[-1]
+    # every checkpoint written holds finite weights: none at or after the step that broke the limit
+    steps = sorted(int(p.parent.name.split("_")[1]) for p in (d / "checkpoints").glob("step_*/COMPLETE"))
+    assert steps and max(steps) < 6, steps
+    assert [r["step"] for r in logged(d)] == [3, 5]
+
+    # resume from the newest checkpoint, dropping the logged bad batches: it finishes, and equals a run that
+    # dropped them from the start
+    resumed = run(d, 0, steps=10, nan_data=[3, 5], max_bad=1, skip=[3, 5], resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ref = run(tmp_path / "ref", 0, steps=10, skip=[3, 5])
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    got, want = final(d), final(tmp_path / "ref")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_skip_batches_on_the_command_line_sets_engine_skip_steps():
+    import argparse
+
+    from pretrain.engine import add_run_arguments, run_overrides
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p, "config", "a=1")
+    args = p.parse_args(["--skip-batches", "40,12,40", "optim.lr=1e-4"])
+    assert run_overrides(args) == ["optim.lr=1e-4", "engine.skip_steps=[12, 40]"]
+    with pytest.raises(SystemExit):
+        p.parse_args(["--skip-batches", "12,x"])
