@@ -144,3 +144,36 @@ def test_skip_batches_on_the_command_line_sets_engine_skip_steps():
     assert run_overrides(args) == ["optim.lr=1e-4", "engine.skip_steps=[12, 40]"]
     with pytest.raises(SystemExit):
         p.parse_args(["--skip-batches", "12,x"])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_finite_guard_skips_on_the_device_or_the_host(fused):
+    """FiniteGuard alone: a fused AdamW (CPU fused kernels, as on CUDA) gets the flag as found_inf and leaves
+    weights, moments and step count as they were, with no host read; an unfused one skips the call. A finite
+    step equals the unguarded optimizer's."""
+    from pretrain.engine import FiniteGuard
+
+    def make():
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(3, 2)
+        return lin, torch.optim.AdamW(lin.parameters(), lr=0.1, fused=fused or None)
+
+    lin, opt = make()
+    guard = FiniteGuard(opt)
+    ref_lin, ref_opt = make()
+    for grad_value in (0.5, float("nan"), -0.25):
+        for m in (lin, ref_lin):
+            for p in m.parameters():
+                p.grad = torch.full_like(p, grad_value)
+        before = {k: v.clone() for k, v in lin.state_dict().items()}
+        state_before = {k: {n: t.clone() for n, t in s.items()} for k, s in opt.state.items()}
+        opt.step()
+        bad = bool(guard.device_flag) if fused else opt.overflow
+        assert bad == (grad_value != grad_value)
+        if bad:
+            assert all(torch.equal(before[k], v) for k, v in lin.state_dict().items())
+            assert all(torch.equal(state_before[k][n], t) for k, s in opt.state.items() for n, t in s.items())
+        else:
+            ref_opt.step()
+            assert all(torch.equal(ref_lin.state_dict()[k], v) for k, v in lin.state_dict().items())
+            assert ("found_inf" not in vars(opt)) and all(torch.isfinite(v).all() for v in lin.state_dict().values())
