@@ -53,6 +53,8 @@ from shards.reader import collate_captions, decode_resized, pad_ids
 from shards.shapes_world import COLOURS
 from shards.skips import SkipLog
 
+from .masking import grey_of, grey_resampling_rings
+
 LN2 = math.log(2.0)
 COLOUR_WORDS = frozenset(COLOURS)
 VISION_FOR_LANGUAGE = ("none", "object", "object_masked", "all")
@@ -222,7 +224,8 @@ class PhraseData:
             for it in chunk:
                 image, scale = self._image(it.image_id)
                 samples.append({"key": it.image_id, "image": image, "boxes": it.boxes * scale, "scores": it.scores,
-                                "classes": it.classes, "class_probs": it.probs, "input_ids": it.ids})
+                                "classes": it.classes, "class_probs": it.probs, "input_ids": it.ids,
+                                "resize_scale": float(scale[:2].max())})
                 golds.append(it.gold * scale)
             if self.extractor is not None:  # the same extractor as in training, once per batch
                 if start not in self._features:
@@ -328,8 +331,12 @@ class Ablator:
             ablated, whole = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], tau), False
         elif condition == "object_masked":  # as masked RoIs in training: pixels zeroed, RoI-[MASK] token
             ablated = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], tau)
+            visual = self._visual_kwargs(b)
+            if "images" in visual:  # and, as pretraining's masker does, the resampling ring around them greyed
+                visual["images"] = grey_resampling_rings(visual["images"], b["boxes"], ablated, b.get("resize_scales"),
+                                                         grey_of(self.vb.cfg.fast_rcnn.pixel_mean))
             out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], masked_regions=ablated,
-                          **self._visual_kwargs(b))
+                          **visual)
             return self._phrase_bits(out, b)
         elif condition == "all":
             ablated, whole = b["box_mask"], True

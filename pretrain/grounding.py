@@ -46,6 +46,7 @@ from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
 from shards.skips import SkipLog
 
 from .ablation import HeldOutConfig, clustered_bootstrap, feature_extractor, format_interval
+from .masking import grey_of, grey_resampling_rings
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "colour": tuple(COLOURS),
@@ -132,11 +133,12 @@ class GroundingData:
     def __len__(self) -> int:
         return len(self.images)
 
-    def load(self, item: _Image) -> tuple[torch.Tensor, torch.Tensor]:
-        """uint8 [3, H, W] resized as in training, and the boxes scaled with it."""
+    def load(self, item: _Image) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """uint8 [3, H, W] resized as in training, the boxes scaled with it, and the resize scale (the reader's
+        `resize_scale`: how far the resampling carried a box's pixels)."""
         path = Path(self.cfg.images) / f"{item.image_id}.jpg"
         image, scale, _ = decode_resized(path.read_bytes(), self.cfg.short_side, self.cfg.long_side)
-        return image, item.boxes * scale
+        return image, item.boxes * scale, float(scale[:2].max())
 
 
 # --- the model side -----------------------------------------------------------------------------------
@@ -149,9 +151,10 @@ class GroundingEval:
         self.data = GroundingData(cfg, tokenizer)
         self.extractor = extractor  # for `region_input: features` models: the frozen Fast R-CNN
 
-    def _visual(self, vb, image, boxes, masked: torch.Tensor | None, device):
+    def _visual(self, vb, image, boxes, masked: torch.Tensor | None, device, resize_scale: float = 1.0):
         """Appearance [K, 1+N, F] and normalised boxes [K, 1+N, 4] for one image seen K times, row k with
-        the regions of masked[k] hidden (masked [K, N] bool; None = one row, nothing hidden)."""
+        the regions of masked[k] hidden (masked [K, N] bool; None = one row, nothing hidden): pixels zeroed by
+        the model, and the resampling ring around them greyed as pretraining's masker does."""
         n = len(boxes)
         masked = torch.zeros(1, n, dtype=torch.bool) if masked is None else masked
         k = masked.shape[0]
@@ -164,7 +167,11 @@ class GroundingEval:
                                      "input_ids": torch.zeros(1, dtype=torch.long)}])[0]
             kw = {"region_features": feats.unsqueeze(0).expand(k, -1, -1).to(device), "image_hw": hw}
         else:
-            kw = {"images": image.unsqueeze(0).expand(k, -1, -1, -1).to(device), "image_sizes": hw}
+            images = image.unsqueeze(0).expand(k, -1, -1, -1)
+            if masked.any():
+                images = grey_resampling_rings(images, boxes.unsqueeze(0).expand(k, -1, -1), masked,
+                                               torch.full((k,), resize_scale), grey_of(vb.cfg.fast_rcnn.pixel_mean))
+            kw = {"images": images.to(device), "image_sizes": hw}
         appearance, boxes_norm, _ = vb.region_features(boxes=b, box_mask=box_mask, masked_regions=masked.to(device),
                                                        **kw)
         return appearance, boxes_norm
@@ -179,16 +186,16 @@ class GroundingEval:
         sums, whole_sum, n_regions = 0.0, 0.0, 0
         visuals = []
         for item in tqdm(self.data.images, desc="grounding: features", disable=not progress, leave=False):
-            image, boxes = self.data.load(item)
+            image, boxes, resize_scale = self.data.load(item)
             app, boxes_norm = self._visual(vb, image, boxes, None, device)
-            visuals.append((image, boxes, app, boxes_norm))
+            visuals.append((image, boxes, resize_scale, app, boxes_norm))
             sums = sums + app[0, 1:].float().sum(0)
             whole_sum = whole_sum + app[0, 0].float()
             n_regions += app.shape[1] - 1
         region_mean, whole_mean = sums / max(1, n_regions), whole_sum / len(visuals)
         words: dict[str, list] = {"category": [], "image": [], "ablated": [], "cluster": []}
         mrc: dict[str, list] = {"split": [], "correct": [], "cluster": []}
-        for k, (item, (image, boxes, app, boxes_norm)) in enumerate(tqdm(
+        for k, (item, (image, boxes, resize_scale, app, boxes_norm)) in enumerate(tqdm(
                 list(zip(self.data.images, visuals)), desc="grounding", disable=not progress)):
             n = len(boxes)
             b = boxes.unsqueeze(0).to(device)
@@ -237,7 +244,7 @@ class GroundingEval:
             mrc["cluster"] += [k] * (m * n)
             # each region zeroed in turn: one CNN pass per hidden region, one encoder pass per (region, sentence)
             hide = torch.eye(n, dtype=torch.bool)  # [N, N]: row j hides region j
-            app_z, norm_z = self._visual(vb, image, boxes, hide, device)  # [N, 1+N, F]
+            app_z, norm_z = self._visual(vb, image, boxes, hide, device, resize_scale)  # [N, 1+N, F]
             rows = n * m
             out = vb(inp.repeat(n, 1), mask.repeat(n, 1), types.repeat(n, 1), boxes=b.expand(rows, -1, -1),
                      box_mask=box_mask.expand(rows, -1), masked_regions=hide.to(device).repeat_interleave(m, 0),

@@ -56,12 +56,36 @@ def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:
     return limit // 2, limit - limit // 2
 
 
+def grey_of(pixel_mean) -> torch.Tensor:
+    """uint8 [1, 3, 1, 1]: the pixel mean, 0 after the detector's normalisation (up to uint8 rounding)."""
+    return (torch.as_tensor(pixel_mean, dtype=torch.float32) * 255).round().to(torch.uint8).view(1, 3, 1, 1)
+
+
+def grey_resampling_rings(images: torch.Tensor, boxes: torch.Tensor, zeroed: torch.Tensor,
+                          resize_scales: torch.Tensor | None, grey: torch.Tensor) -> torch.Tensor:
+    """The reader resized each image before any box was chosen, so a zeroed box's pixels were blended into
+    a ring around it: as wide as the resampling filter's reach, 1 pixel of the resized image when shrinking
+    (the antialiased filter spans one source pixel per output pixel) and `scale` pixels when enlarging
+    (bilinear reaches one source pixel). The model zeroes the box itself; the ring is set to `grey` (the
+    pixel mean) here, so nothing of a hidden object remains. Pretraining's masker and the evaluators'
+    hidden-region conditions both use it.
+
+    images uint8 [B, 3, H, W]; boxes [B, N, 4] pixels of the resized image; zeroed [B, N] bool; resize_scales
+    [B] (the reader's `resize_scales`; None = 1)."""
+    reach = torch.ones(images.shape[0]) if resize_scales is None else resize_scales.float().cpu().clamp(min=1.0)
+    widen = (reach.view(-1, 1, 1) * torch.tensor([-1.0, -1.0, 1.0, 1.0])).to(boxes.device)  # [B, 1, 4]
+    h, w = images.shape[-2:]
+    sizes = torch.tensor([[h, w]], device=boxes.device).expand(len(images), 2)
+    ring = pixel_mask(boxes + widen, zeroed.to(boxes.device), sizes, h, w).to(images.device)
+    return torch.where(ring.unsqueeze(1), grey.to(images.device), images)
+
+
 class PretrainMasker:
     def __init__(self, cfg: MaskingConfig, tokenizer, *, cls_id: int, sep_id: int, mask_id: int, num_classes: int,
                  pad_id: int = 0, seed: int = 0, rank: int = 0,
                  pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)):
         self.cfg = cfg
-        self.grey = (torch.tensor(pixel_mean) * 255).round().to(torch.uint8).view(1, 3, 1, 1)
+        self.grey = grey_of(pixel_mean)
         self.num_classes = num_classes
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         self.continuation = torch.tensor([t.startswith("##") for t in tokens])
@@ -163,17 +187,7 @@ class PretrainMasker:
         return out
 
     def grey_resampling_rings(self, images: torch.Tensor, batch: dict, zeroed: torch.Tensor) -> torch.Tensor:
-        """The reader resized each image before any box was chosen, so a zeroed box's pixels were blended into
-        a ring around it: as wide as the resampling filter's reach, 1 pixel of the resized image when shrinking
-        (the antialiased filter spans one source pixel per output pixel) and `scale` pixels when enlarging
-        (bilinear reaches one source pixel). The model zeroes the box itself; the ring is set to the pixel
-        mean here (0 after normalisation, up to uint8 rounding), so nothing of a hidden object remains."""
-        scales = batch.get("resize_scales")
-        reach = torch.ones(images.shape[0]) if scales is None else scales.float().clamp(min=1.0)
-        widen = reach.view(-1, 1, 1) * torch.tensor([-1.0, -1.0, 1.0, 1.0])  # [B, 1, 4]
-        h, w = images.shape[-2:]
-        ring = pixel_mask(batch["boxes"] + widen, zeroed, torch.tensor([[h, w]]).expand(len(images), 2), h, w)
-        return torch.where(ring.unsqueeze(1), self.grey, images)
+        return grey_resampling_rings(images, batch["boxes"], zeroed, batch.get("resize_scales"), self.grey)
 
     def __call__(self, batch: dict) -> dict:
         g = self.generator(batch["index"])

@@ -62,3 +62,51 @@ def test_lr_multipliers_make_groups_by_name():
     assert by_id[id(module["fast_rcnn"].bias)]["weight_decay"] == 0.0
     assert "lr" not in by_id[id(module["head"].weight)]  # the optimizer's own rate
     assert groups[0]["params"][0] is module["head"].weight  # group 0 (the logged lr) has factor 1
+
+
+def _two_images_differing_inside_a_box():
+    """The masker test's pair (tests/pretrain/test_masking.py): a red object filling its box, and the same
+    background without it, both shrunk 0.4x with antialiasing (which blends the box into a ring around it)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from shards.reader import decode_resized
+
+    rng = np.random.default_rng(0)
+    background = rng.integers(0, 256, (150, 200, 3), dtype=np.uint8)
+    with_object = background.copy()
+    with_object[40:90, 60:110] = [255, 0, 0]
+    out = []
+    for pixels in (with_object, background):
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="PNG")
+        image, scale, _ = decode_resized(buf.getvalue(), 60, 1000)
+        out.append((image, torch.tensor([[60.0, 40.0, 110.0, 90.0], [0.0, 0.0, 30.0, 30.0]]) * scale,
+                    float(scale[:2].max())))
+    return out
+
+
+def test_hidden_regions_in_the_grounding_eval_leave_nothing_of_the_object(monkeypatch):
+    """The grounding evaluator's zeroed regions (MRC's zeroed splits) are hidden as pretraining hides them:
+    the box zeroed by the model and the resampling ring greyed. Two images differing only inside the box give
+    the same visual input once it is hidden; without the ring (the control) they do not."""
+    import pretrain.grounding as grounding
+    from model.config import model_config
+    from model.vl_bert import VLBert
+
+    torch.manual_seed(0)
+    vb = VLBert(model_config("tiny", updates={"fast_rcnn": {"roi_output_size": 4}})).eval()
+    evaluator = grounding.GroundingEval.__new__(grounding.GroundingEval)
+    evaluator.extractor = None
+    (a, boxes, scale), (b, _, _) = _two_images_differing_inside_a_box()
+    hide = torch.tensor([[True, False]])
+
+    def seen(image):
+        with torch.no_grad():
+            return evaluator._visual(vb, image, boxes, hide, "cpu", scale)[0]
+
+    torch.testing.assert_close(seen(a), seen(b), atol=0, rtol=0)
+    monkeypatch.setattr(grounding, "grey_resampling_rings", lambda images, *args: images)
+    assert (seen(a) - seen(b)).abs().amax() > 1e-3
