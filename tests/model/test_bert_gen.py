@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from finetune.generate import DecodeConfig, ban_repeated_ngrams, filter_top_k_top_p, generate
+from finetune.generate import DecodeConfig, MinLength, NoRepeatNGram, constraints, generate, warpers
 from model.bert_gen import INPUT, PSEUDO_MASK, TARGET, BertGen, attention_rule
 from model.config import model_config
 
@@ -110,9 +110,31 @@ def test_beam_search_beats_or_matches_greedy(model):
 
 def test_ngram_blocking_and_nucleus_by_hand():
     history = torch.tensor([[5, 6, 7, 5]])  # bigram (5, 6) seen: after 5, token 6 is banned
-    out = ban_repeated_ngrams(torch.zeros(1, 10), history, 2)
+    out = NoRepeatNGram(2)(history, torch.zeros(1, 10))
     assert torch.isinf(out[0, 6]) and torch.isfinite(out[0, [0, 1, 2, 3, 4, 5, 7, 8, 9]]).all()
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = torch.isfinite(filter_top_k_top_p(logits, 0, 0.7))
+    kept = torch.isfinite(warpers(DecodeConfig(top_p=0.7))(history, logits))
     assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7 <= 0.8
-    assert torch.isfinite(filter_top_k_top_p(logits, 3, 1.0)).sum() == 3
+    assert torch.isfinite(warpers(DecodeConfig(top_k=3))(history, logits)).sum() == 3
+    # min_length counts target tokens, the end token included: with min_length 3 the end token is banned as
+    # token 1 and 2 (histories of 0 and 1 tokens), allowed as token 3
+    cons = constraints(DecodeConfig(min_length=3), end_id=END)
+    for t, banned in ((0, True), (1, True), (2, False)):
+        out = cons(torch.full((1, t), 7), torch.zeros(1, 10))
+        assert bool(torch.isinf(out[0, END])) == banned and torch.isfinite(out[0, :END]).all()
+
+
+def test_ngram_blocking_and_min_length_equal_the_transformers_processors():
+    """Our batched n-gram and min-length rules against transformers' NoRepeatNGramLogitsProcessor (its Python
+    reference) and MinLengthLogitsProcessor."""
+    from transformers import MinLengthLogitsProcessor, NoRepeatNGramLogitsProcessor
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 3, 4):
+        for t in range(0, 12):
+            history = torch.randint(0, 6, (8, t), generator=g)  # a small vocabulary: many repeats
+            scores = torch.randn(8, 6, generator=g)
+            want = NoRepeatNGramLogitsProcessor(n)(history, scores.clone())
+            assert torch.equal(NoRepeatNGram(n)(history, scores), want), (n, t)
+            want = MinLengthLogitsProcessor(n + 2, eos_token_id=END)(history, scores)
+            assert torch.equal(MinLength(n + 2, END)(history, scores), want), (n, t)
