@@ -154,6 +154,20 @@ def pad_lists(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.
 
 # --- the input sequence -----------------------------------------------------------------------------------
 
+def with_positions(batch: dict) -> dict:
+    """Adds `real_positions`: the non-padding positions of `encode(batch)`'s sequences (each text row's
+    [CLS] A [SEP] (B [SEP]), and its image's whole-image element, regions and [END]), counted where the batch is
+    built, on the host, so that the encoder runs on those alone as in pretraining, without a sync. Text rows
+    share images in order (VCR's 4 candidate answers per image: 4 text rows per image row)."""
+    text_rows, image_rows = batch["a_mask"].shape[0], batch["box_mask"].shape[0]
+    text = int(batch["a_mask"].sum()) + 2 * text_rows
+    if batch.get("b_mask") is not None:
+        text += int(batch["b_mask"].sum()) + text_rows
+    per_image = text_rows // image_rows
+    batch["real_positions"] = text + per_image * (int(batch["box_mask"].sum()) + 2 * image_rows)
+    return batch
+
+
 def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=None):
     """`[CLS] A [SEP] (B [SEP]) [IMG]... [END]` from a batch with a_ids/a_mask (b_ids/b_mask), optional
     a_region/b_region (the region each word-piece takes its visual feature from, -1 = whole image) and
@@ -171,7 +185,8 @@ def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=No
         word_region = shifted - 2
     return vl_bert(ids, mask, types, images=batch.get("images"), image_sizes=batch.get("image_sizes"),
                    boxes=batch["boxes"], box_mask=batch["box_mask"], masked_regions=masked_regions,
-                   word_region_index=word_region, visual_input=visual_input)
+                   word_region_index=word_region, visual_input=visual_input,
+                   real_positions=batch.get("real_positions"))
 
 
 # --- the loader ---------------------------------------------------------------------------------------------
@@ -184,7 +199,7 @@ class _Batches(torch.utils.data.Dataset):
         return len(self.batches)
 
     def __getitem__(self, k):
-        return self.data.batch(self.batches[k])
+        return with_positions(self.data.batch(self.batches[k]))
 
 
 class EpochLoader:
@@ -223,7 +238,7 @@ class EpochLoader:
                     _Batches(self.data, batches), batch_size=None, num_workers=self.num_workers,
                     worker_init_fn=ignore_stop_signals))
             else:
-                source = (self.data.batch(b) for b in batches)
+                source = (with_positions(self.data.batch(b)) for b in batches)
             for batch in source:
                 self.position += 1
                 yield batch
@@ -235,7 +250,12 @@ def count_batch(batch: dict) -> dict[str, float]:
     (every sequence's words and the regions)."""
     n = float(batch["box_mask"].shape[0])
     tokens = batch["a_mask"].sum() + batch["box_mask"].sum() + (batch["b_mask"].sum() if "b_mask" in batch else 0)
-    return {"samples": n, "images": n, "tokens": float(tokens)}
+    out = {"samples": n, "images": n, "tokens": float(tokens)}
+    if "real_positions" in batch:  # the engine logs padding_fraction = 1 - tokens / positions from these
+        text_len = batch["a_mask"].shape[1] + 2 + (batch["b_mask"].shape[1] + 1 if "b_mask" in batch else 0)
+        out["tokens"] = float(batch["real_positions"])
+        out["positions"] = float(batch["a_mask"].shape[0] * (text_len + batch["box_mask"].shape[1] + 2))
+    return out
 
 
 def eval_batches(data, batch_size: int, limit: int = 0, desc: str = "evaluate"):
@@ -244,7 +264,7 @@ def eval_batches(data, batch_size: int, limit: int = 0, desc: str = "evaluate"):
     n = len(data) if not limit else min(limit, len(data))
     for start in tqdm(range(0, n, batch_size), desc=desc, unit="batch"):
         idx = list(range(start, min(n, start + batch_size)))
-        yield idx, data.batch(idx)
+        yield idx, with_positions(data.batch(idx))
 
 
 # --- finetuned model directories ---------------------------------------------------------------------------

@@ -478,3 +478,38 @@ def test_vcr_paper_schedule_sgd_with_step_decay():
         [0.0, 0.5, 1.0, 1.0, 0.1, 0.1, 0.01])
     with pytest.raises(ValueError, match="optim.schedule"):
         build_optimizer(torch.nn.Linear(2, 2), OptimConfig(schedule="cosine"), 10)
+
+
+@pytest.mark.parametrize("second_segment, answers_per_image", [(False, 1), (True, 1), (True, 4)])
+def test_finetune_batches_count_their_real_positions(second_segment, answers_per_image):
+    """with_positions counts, on the host, exactly the positions VLBert's attention mask keeps (VQA/RefCOCO
+    rows, a second segment, VCR's 4 text rows per image), and the encoder run on those alone computes what the
+    padded run computes there."""
+    from finetune.common import encode, with_positions
+    from model.config import model_config
+    from model.vl_bert import VLBert
+
+    torch.manual_seed(0)
+    vl = VLBert(model_config("tiny"), with_fast_rcnn=False).eval()
+    images, n = 3, 5
+    rows = images * answers_per_image
+    a_mask = torch.arange(6).expand(rows, 6) < torch.randint(1, 7, (rows, 1))
+    box_mask = torch.arange(n).expand(images, n) < torch.tensor([[5], [2], [1]])
+    batch = {"a_ids": torch.randint(10, 99, (rows, 6)) * a_mask, "a_mask": a_mask,
+             "boxes": torch.rand(images, n, 4) * 50, "box_mask": box_mask}
+    if second_segment:
+        b_mask = torch.arange(4).expand(rows, 4) < torch.randint(1, 5, (rows, 1))
+        batch.update(b_ids=torch.randint(10, 99, (rows, 4)) * b_mask, b_mask=b_mask)
+    counted = with_positions(dict(batch))["real_positions"]
+    with torch.no_grad():
+        appearance, boxes_norm, _ = vl.region_features(boxes=batch["boxes"], box_mask=batch["box_mask"],
+                                                       region_features=torch.randn(images, n, 24),
+                                                       image_hw=torch.tensor([[60, 90]]).expand(images, 2))
+        rep = {k: batch[k].repeat_interleave(answers_per_image, 0) for k in ("boxes", "box_mask")}
+        k = answers_per_image
+        visual = (appearance.repeat_interleave(k, 0), boxes_norm.repeat_interleave(k, 0))
+        padded = encode(vl, {**batch, **rep}, visual_input=visual)
+        packed = encode(vl, {**batch, **rep, "real_positions": counted}, visual_input=visual)
+    keep = padded.attention_mask
+    assert counted == int(keep.sum())
+    torch.testing.assert_close(packed.last_hidden_state[keep], padded.last_hidden_state[keep], atol=1e-5, rtol=0)
