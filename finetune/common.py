@@ -159,6 +159,8 @@ def with_positions(batch: dict) -> dict:
     [CLS] A [SEP] (B [SEP]), and its image's whole-image element, regions and [END]), counted where the batch is
     built, on the host, so that the encoder runs on those alone as in pretraining, without a sync. Text rows
     share images in order (VCR's 4 candidate answers per image: 4 text rows per image row)."""
+    if "a_mask" not in batch or "box_mask" not in batch:  # not an `encode` batch (BERT-gen's own layout)
+        return batch
     text_rows, image_rows = batch["a_mask"].shape[0], batch["box_mask"].shape[0]
     text = int(batch["a_mask"].sum()) + 2 * text_rows
     if batch.get("b_mask") is not None:
