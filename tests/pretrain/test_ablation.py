@@ -269,8 +269,10 @@ def test_colour_variant_masks_only_colour_words(demo_corpus):
 
 
 def test_object_masked_hides_the_object_as_in_training(demo_corpus):
-    """The object_masked condition equals a forward with those regions' pixels zeroed and their RoI-[MASK]
-    token; it differs from the dataset-mean `object` condition."""
+    """The object_masked condition equals a forward with those regions hidden as pretraining's masker hides them
+    (pixels zeroed, the resampling ring around them greyed, RoI-[MASK] token); it differs from the
+    dataset-mean `object` condition."""
+    from pretrain.masking import grey_of, grey_resampling_rings
     from shards.tokenizer import load_tokenizer
 
     data = PhraseData(_demo_cfg(demo_corpus, max_examples=6), load_tokenizer(None), 9)
@@ -284,7 +286,13 @@ def test_object_masked_hides_the_object_as_in_training(demo_corpus):
     got = ab.vision_for_language(b, "object_masked")
     ids, types, mask = ab.text(b, "phrase")
     over = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], 0.5)
-    out = model.vl_bert(ids, mask, types, images=b["images"], image_sizes=b["image_sizes"], boxes=b["boxes"],
+    images = grey_resampling_rings(b["images"], b["boxes"], over, b["resize_scales"],
+                                   grey_of(model.cfg.fast_rcnn.pixel_mean))
+    out = model.vl_bert(ids, mask, types, images=images, image_sizes=b["image_sizes"], boxes=b["boxes"],
                         box_mask=b["box_mask"], masked_regions=over)
     assert torch.allclose(got, ab._phrase_bits(out, b), atol=1e-6)
+    # the ring matters: hiding the box alone is another input
+    box_only = model.vl_bert(ids, mask, types, images=b["images"], image_sizes=b["image_sizes"], boxes=b["boxes"],
+                             box_mask=b["box_mask"], masked_regions=over)
+    assert not torch.allclose(got, ab._phrase_bits(box_only, b), atol=1e-6)
     assert not torch.equal(got, ab.vision_for_language(b, "object"))  # a different input, not an alias
