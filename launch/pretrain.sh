@@ -52,11 +52,15 @@ if grep -q "data/demo/shards" "$config"; then
   python -m shards.demo --out data/demo
   stage_done "demo corpus"
 fi
-if grep -q "runs/detector-demo/fast_rcnn.pt" "$config" && [ ! -f runs/detector-demo/fast_rcnn.pt ]; then
-  echo "launch/pretrain.sh: warming up the demo's Fast R-CNN first (launch/configs/detector_demo.yaml)" >&2
-  python -m pretrain.detector --config launch/configs/detector_demo.yaml
-  stage_done "detector warm-up"
-fi
+# the demo detector's warm-up a config names (the quick start's, or demo_long's 3x longer one), when missing
+for warm in detector_demo:detector-demo detector_demo_long:detector-demo-long; do
+  warm_config="launch/configs/${warm%%:*}.yaml"; warm_dir="runs/${warm##*:}"
+  if grep -q "$warm_dir/fast_rcnn.pt" "$config" && [ ! -f "$warm_dir/fast_rcnn.pt" ]; then
+    echo "launch/pretrain.sh: warming up the demo's Fast R-CNN first ($warm_config)" >&2
+    python -m pretrain.detector --config "$warm_config"
+    stage_done "detector warm-up"
+  fi
+done
 feats=data/demo/shards/features-train/manifest.json
 if grep -q "data/demo/shards/features-train" "$config" && \
     { [ ! -f "$feats" ] || [ data/demo/shards/captions-train/manifest.json -nt "$feats" ]; }; then
