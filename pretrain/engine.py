@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model.config import ConfigError
+from model.config import ConfigError, deep_merge
 
 
 @dataclass
@@ -295,8 +295,10 @@ def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: in
     elif cfg.precision != "fp32":
         raise ValueError(f"engine.precision: '{cfg.precision}' is not bf16, fp16 or fp32")
     if cfg.deepspeed_config:
+        # merged key by key: a user's `zero_optimization: {overlap_comm: true}` keeps the stage and the bucket
+        # sizes above (a top-level merge replaced the whole block, and DeepSpeed fell back to its 500M buckets)
         overrides = json.loads(Path(cfg.deepspeed_config).read_text())
-        ds = {**ds, **overrides}
+        ds = deep_merge(ds, overrides)
     return ds
 
 

@@ -84,3 +84,19 @@ def test_zero_buckets_are_sized_to_the_model():
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 13_749_952)
     assert deepspeed_config(EngineConfig(zero_stage=0), OptimConfig(), 8, 110_000_000)["zero_optimization"] == {
         "stage": 0}
+
+
+def test_a_user_deepspeed_json_is_merged_key_by_key(tmp_path):
+    """engine.deepspeed_config overrides single keys: a user's zero_optimization block adds to ours instead of
+    replacing it (which dropped the stage and our bucket sizes)."""
+    import json
+
+    from pretrain.engine import EngineConfig, OptimConfig, deepspeed_config
+
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"zero_optimization": {"overlap_comm": True, "reduce_bucket_size": 1 << 22},
+                                "gradient_clipping": 5.0}))
+    ds = deepspeed_config(EngineConfig(zero_stage=2, deepspeed_config=str(user)), OptimConfig(), 8, 110_000_000)
+    assert ds["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 1 << 22, "allgather_bucket_size": 13_749_952,
+                                       "overlap_comm": True}
+    assert ds["gradient_clipping"] == 5.0 and ds["train_micro_batch_size_per_gpu"] == 8
