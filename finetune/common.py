@@ -70,8 +70,7 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
     from model.config import VLBertConfig, deep_merge, from_dict, model_config
     from model.export import load_config_dir
     from model.hf_import import config_from_hf, load_hf_bert
-    from pretrain.run import _bert_dir
-    from shards.tokenizer import resolve_bert_dir
+    from shards.tokenizer import bert_source_dir, resolve_bert_dir
 
     path = Path(cfg.init) if cfg.init not in ("packaged", "random") else None
     if path is not None and (path / "config.yaml").exists():
@@ -93,7 +92,7 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
         if path is not None and not path.exists():
             raise FileNotFoundError(f"backbone.init: {path} does not exist (a VL-BERT export or a BERT directory; "
                                     "run launch/pretrain.sh first, or pass backbone.init=packaged)")
-        bert = _bert_dir(cfg.init)
+        bert = bert_source_dir(cfg.init)
         model = VLBertForPretraining(config_from_hf(bert, cfg.model_preset, updates=cfg.model))
         load_hf_bert(model, bert)
         source = f"transformers BERT {bert} (vision layers new)"
@@ -101,7 +100,7 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
     if tok is None and path is not None and (path / "vocab.txt").exists():
         tok = str(path)
     if tok is None and cfg.init == "packaged":
-        tok = str(_bert_dir("packaged"))
+        tok = str(bert_source_dir("packaged"))
     return model, str(resolve_bert_dir(tok)), source
 
 

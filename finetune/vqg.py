@@ -170,14 +170,14 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
 
     from model.export import load_config_dir
     from model.hf_import import config_from_hf, load_hf_bert
-    from pretrain.run import _bert_dir
+    from shards.tokenizer import bert_source_dir
 
     gen_updates = {"visual_embedding": "linear", "precomputed_feature_size": feature_size}
-    source = _bert_dir(cfg.init) if cfg.init != "random" else None
+    source = bert_source_dir(cfg.init) if cfg.init != "random" else None
     record = {"step": cfg.step, "inputs": cfg.inputs, "init": cfg.init, "init_projection": cfg.init_projection,
               "train_only_projection": cfg.train_only_projection}
     if source is None:
-        mcfg = config_from_hf(_bert_dir("packaged"), "base", updates=gen_updates)
+        mcfg = config_from_hf(bert_source_dir("packaged"), "base", updates=gen_updates)
         gen = BertGen(mcfg)
         record["theta_from"] = "random init"
     elif _is_ours(source):

