@@ -493,6 +493,8 @@ class Engine:
             "throughput/images_per_s": counts["images"] * self.world / elapsed,
             "data_wait_fraction": timing["wait"] / elapsed,
         })
+        if self.nonfinite_steps:  # settled just before this log line
+            scalars["nonfinite/skipped_steps"] = float(self.nonfinite_steps)
         if counts.get("positions"):
             scalars["padding_fraction"] = 1.0 - counts["tokens"] / counts["positions"]
         grad_norm = self.engine.get_global_grad_norm()
@@ -554,9 +556,10 @@ class Engine:
                         t0 = time.perf_counter()
                         batch = next(batches)
                         window["wait"] += time.perf_counter() - t0
-                        keys += self._batch_keys(batch)
+                        batch_keys = self._batch_keys(batch)
+                        keys += batch_keys
                         if cfg.record_keys:
-                            self._record_keys(batch)
+                            self._record_keys(batch_keys)
                         if self.count_batch is not None:
                             for k, v in self.count_batch(batch).items():
                                 counts[k] = counts.get(k, 0.0) + v
@@ -578,6 +581,7 @@ class Engine:
                     flag = loss_bad | skipped
                     if self._guard is not None and self._guard.device_flag is not None:
                         flag = flag | self._guard.device_flag
+                        self._guard.device_flag = None  # this step's, read once
                     self._pending_flags.append((self.step, flag, keys))
                     # a skipped step's metrics (NaN) stay out of the window's means
                     for k, v in step_sums.items():
@@ -651,7 +655,6 @@ class Engine:
             print(f"\nnon-finite loss or gradients at step(s) {bad_steps}: not applied "
                   f"({self.nonfinite_steps} of at most {self.cfg.max_nonfinite_steps} in this run; sample keys "
                   f"in {self.run_dir / 'nonfinite.jsonl'})", flush=True)
-        self.write_scalars({"nonfinite/skipped_steps": float(self.nonfinite_steps)}, "metrics.jsonl")
         if self.nonfinite_steps > self.cfg.max_nonfinite_steps:
             done = complete_checkpoints(self.ckpt_dir)
             raise NonFiniteSteps(
@@ -683,8 +686,7 @@ class Engine:
         self.write_scalars(scalars, "eval.jsonl")
         return scalars
 
-    def _record_keys(self, batch: dict) -> None:
-        keys = self._batch_keys(batch)
+    def _record_keys(self, keys: list[str]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / f"keys_rank{self.rank}.txt", "a") as f:
             f.write("\n".join(keys) + "\n")
