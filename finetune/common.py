@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.config import model_config
+from model.export import image_preprocessing, is_export_dir, load_config_dir, load_pretrained, save_pretrained
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
 from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, run_overrides
 
@@ -67,25 +69,12 @@ class FinetuneConfig:
 def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, str]:
     """The model to finetune (with its pretraining heads, whose transforms the task heads start from),
     its tokenizer directory, and a line saying where it came from."""
-    from model.config import VLBertConfig, deep_merge, from_dict, model_config
-    from model.export import load_config_dir
     from model.hf_import import config_from_hf, load_hf_bert
     from shards.tokenizer import bert_source_dir, resolve_bert_dir
 
     path = Path(cfg.init) if cfg.init not in ("packaged", "random") else None
-    if path is not None and (path / "config.yaml").exists():
-        from safetensors.torch import load_file
-
-        from model.export import TIED
-
-        mcfg = from_dict(VLBertConfig, deep_merge(asdict(load_config_dir(path)), cfg.model), str(path / "config.yaml"))
-        model = VLBertForPretraining(mcfg)
-        missing, unexpected = model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
-        missing = [k for k in missing if k != TIED]
-        if missing or unexpected:
-            raise ValueError(f"{path}/model.safetensors does not match its config.yaml: missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}")
-        source = f"VL-BERT export {path}"
+    if path is not None and is_export_dir(path):
+        model, source = load_pretrained(path, updates=cfg.model), f"VL-BERT export {path}"
     elif cfg.init == "random":
         model, source = VLBertForPretraining(model_config(cfg.model_preset, updates=cfg.model)), "random init"
     else:
@@ -131,11 +120,14 @@ def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> t
     return image, torch.from_numpy(b) * scale
 
 
+SIZE_DIVISIBILITY = 32  # batch images are zero-padded to a multiple of it, as pretraining's reader does
+
+
 def collate_visual(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     """(image, boxes) pairs -> images [B, 3, H, W] uint8, image_sizes [B, 2], boxes [B, N, 4], box_mask."""
     from shards.reader import pad_images
 
-    images, sizes = pad_images([im for im, _ in items])
+    images, sizes = pad_images([im for im, _ in items], SIZE_DIVISIBILITY)
     n = max(1, max(len(b) for _, b in items))
     boxes = torch.zeros(len(items), n, 4)
     mask = torch.zeros(len(items), n, dtype=torch.bool)
@@ -272,9 +264,9 @@ def eval_batches(data, batch_size: int, limit: int = 0, desc: str = "evaluate"):
 
 def save_task_model(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path, tokenizer_dir: str,
                     task: dict) -> Path:
-    from model.export import save_pretrained
-
-    save_pretrained(state, module.vl_bert.cfg, path, tokenizer_dir)
+    image = image_preprocessing(task["image"]["short_side"], task["image"]["long_side"], SIZE_DIVISIBILITY,
+                                module.vl_bert.cfg)
+    save_pretrained(state, module.vl_bert.cfg, path, tokenizer_dir, image=image, source={"task": task["task"]})
     (path / "task.json").write_text(json.dumps(task, indent=1))
     return path
 
@@ -283,9 +275,6 @@ def load_task_model(path: str | Path, build):
     """`build(vl_bert, task_info) -> module` around a VLBert of the saved config; the weights must match
     it exactly."""
     from safetensors.torch import load_file
-
-    from model.export import load_config_dir
-    from model.vl_bert import VLBert
 
     path = Path(path)
     try:

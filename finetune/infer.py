@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.export import load_image_preprocessing
+
 from .common import ImageConfig, collate_visual, load_image, load_task_model, pad_lists
 
 
@@ -58,7 +60,10 @@ class Predictor:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device)
         self.tokenizer = load_tokenizer(str(model_dir))
-        self.image_cfg = ImageConfig(**{**self.info["image"], "root": ""})
+        # the sizes the model was trained at, as its config.json records them (task.json's for older directories)
+        recorded = load_image_preprocessing(model_dir) or {}
+        sizes = {k: v for k, v in recorded.items() if k in ("short_side", "long_side")}
+        self.image_cfg = ImageConfig(**{**self.info["image"], **sizes, "root": ""})
         self.detector_config = detector_config
         self._detector = None
 

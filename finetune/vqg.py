@@ -160,7 +160,9 @@ class VQGTask(nn.Module):
 # --- building the model ---------------------------------------------------------------------------------
 
 def _is_ours(path: Path) -> bool:
-    return (path / "config.yaml").exists()
+    from model.export import is_export_dir
+
+    return is_export_dir(path)
 
 
 def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
@@ -181,11 +183,7 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
         gen = BertGen(mcfg)
         record["theta_from"] = "random init"
     elif _is_ours(source):
-        base = dict(asdict(load_config_dir(source)), **gen_updates)
-        from model.config import VLBertConfig, from_dict
-
-        mcfg = from_dict(VLBertConfig, base, str(source / "config.yaml"))
-        gen = BertGen(mcfg)
+        gen = BertGen(load_config_dir(source, gen_updates))
         state = load_file(str(source / "model.safetensors"))
         w_names = set(gen.projection_parameters())
         own = gen.model.state_dict()

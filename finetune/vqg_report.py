@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from model.config import load_config
+from model.export import is_export_dir
 
 from .vqg import STEPS, VQGConfig, VQGSet, xsim
 from .vqg_data import open_features, read_coco_captions
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         raise SystemExit(f"{runs}: no finished step (no */metrics_{cfg.eval_split}.json)")
     random_curve = None
-    first = next((runs / s / "model" for s in found if (runs / s / "model" / "config.yaml").exists()), None)
+    first = next((runs / s / "model" for s in found if is_export_dir(runs / s / "model")), None)
     if first is not None and any("xsim" in e for e in found.values()):
         random_curve = random_transformer_xsim(first, cfg)
     report = {"split": cfg.eval_split, "steps": found, "random_transformer_xsim": random_curve}

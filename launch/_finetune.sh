@@ -17,7 +17,7 @@ demo_init() {  # config, then the user's overrides -> extra overrides on stdout
   for arg in "$@"; do case "$arg" in backbone.init=*) own_init=1 ;; esac; done
   if grep -q "data/demo" "$config"; then
     python -m shards.demo --out data/demo >&2
-    if [ "$own_init" = 0 ] && grep -q "init: runs/demo/export" "$config" && [ ! -f runs/demo/export/config.yaml ]; then
+    if [ "$own_init" = 0 ] && grep -q "init: runs/demo/export" "$config" && [ ! -f runs/demo/export/model.safetensors ]; then
       echo "launch: runs/demo/export not found (bash launch/pretrain.sh makes it); starting from the packaged" \
            "BERT with a new detector" >&2
       echo "backbone.init=packaged"

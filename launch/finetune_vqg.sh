@@ -41,7 +41,7 @@ for path in sorted(glob.glob("data/demo/raw/vqg/coco_*_all.csv")):
         print(row["image_url"])
 PY
     detector=(--backbone resnet18)
-    [ -f runs/demo/export/config.yaml ] && detector=(--model runs/demo/export)
+    [ -f runs/demo/export/model.safetensors ] && detector=(--model runs/demo/export)
     python -m finetune.vqg_features --image-root data/demo/raw --boxes data/demo/raw/boxes.jsonl \
       --images data/demo/vqg_images.txt --out data/demo/vqg_features.tsv.part \
       --short-side 128 --long-side 192 --batch-size 16 "${detector[@]}"

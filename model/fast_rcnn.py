@@ -85,8 +85,8 @@ class FastRCNN(nn.Module):
         self.feature_size = resnet.fc.in_features  # 2048 for ResNet-50/101, 512 for 18/34
         self.object_classifier = nn.Linear(self.feature_size, cfg.num_classes)
         self.attribute_classifier = nn.Linear(self.feature_size, cfg.num_attributes) if cfg.num_attributes else None
-        self.register_buffer("pixel_mean", torch.tensor(cfg.pixel_mean).view(1, 3, 1, 1) * 255, persistent=False)
-        self.register_buffer("pixel_std", torch.tensor(cfg.pixel_std).view(1, 3, 1, 1) * 255, persistent=False)
+        for name, value in self.config_buffers().items():
+            self.register_buffer(name, value, persistent=False)
         nn.init.normal_(self.object_classifier.weight, std=0.01)
         nn.init.zeros_(self.object_classifier.bias)
         if self.attribute_classifier is not None:
@@ -100,6 +100,12 @@ class FastRCNN(nn.Module):
         if cfg.freeze_res2:  # detectron's FREEZE_AT: 2, as the official e2e configs train from res3 up
             for p in self.backbone.layer1.parameters():
                 p.requires_grad_(False)
+
+    def config_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers that follow from the config alone, not saved with the weights (see
+        `VLBertEmbeddings.config_buffers`)."""
+        return {"pixel_mean": torch.tensor(self.cfg.pixel_mean).view(1, 3, 1, 1) * 255,
+                "pixel_std": torch.tensor(self.cfg.pixel_std).view(1, 3, 1, 1) * 255}
 
     def load_weights(self, path: str) -> None:
         import os

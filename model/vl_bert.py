@@ -114,14 +114,17 @@ class AppearanceStandardiser(nn.Module):
         if self.training:
             with torch.no_grad():
                 w = valid.unsqueeze(-1).to(torch.float32)
-                count = w.sum().clamp(min=2.0)
+                real = w.sum()
+                count = real.clamp(min=2.0)
                 xf = x.detach().float()
                 mean = (xf * w).sum((0, 1)) / count  # [F]
                 var = (((xf - mean) ** 2) * w).sum((0, 1)) / (count - 1)
                 step = torch.where(self.initialised, self.momentum, 1.0)
+                # a batch with no real element (no image had a box) says nothing: the statistics stay
+                step = torch.where(real > 0, step, 0.0)
                 self.running_mean.lerp_(mean.to(self.running_mean.dtype), step)
                 self.running_var.lerp_(var.to(self.running_var.dtype), step)
-                self.initialised.fill_(True)
+                self.initialised.logical_or_(real > 0)
         mean, var = self.running_mean.float(), self.running_var.float()
         return ((x.float() - mean) * (var + self.eps).rsqrt()).to(x.dtype)
 
@@ -146,19 +149,30 @@ class VLBertEmbeddings(nn.Module):
             self.visual_projection_object = nn.Linear(cfg.visual_size, h)
             self.visual_ln_text = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
             self.visual_ln_object = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
-            for kind, names in (("class", cfg.region_class_words), ("attribute", cfg.region_attribute_words)):
-                if names is not None:
-                    ids, weights = word_table(names)
-                    if int(ids.max()) >= cfg.vocab_size:
-                        raise ValueError(f"region_{kind}_words: word id {int(ids.max())} is outside the "
-                                         f"vocabulary ({cfg.vocab_size})")
-                    self.register_buffer(f"region_{kind}_word_ids", ids, persistent=False)
-                    self.register_buffer(f"region_{kind}_word_weights", weights, persistent=False)
+            for name, value in self.config_buffers().items():
+                self.register_buffer(name, value, persistent=False)
         elif cfg.visual_embedding == "linear":
             # BERT-gen: the only visual parameters are one Linear(F + 4 box coordinates -> hidden)
             self.visual_linear = nn.Linear(cfg.precomputed_feature_size + 4, h)
         else:
             raise ValueError(f"visual_embedding: '{cfg.visual_embedding}' is not 'vlbert' or 'linear'")
+
+    def config_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers that follow from the config alone (the region word tables), not saved with the weights:
+        built here at construction, and again by a loader that builds the model without running it (transformers'
+        `from_pretrained` on the meta device)."""
+        cfg, out = self.cfg, {}
+        if cfg.visual_embedding != "vlbert":
+            return out
+        for kind, names in (("class", cfg.region_class_words), ("attribute", cfg.region_attribute_words)):
+            if names is not None:
+                ids, weights = word_table(names)
+                top = max(i for name in names for i in name)  # from the config: the tables may be on meta
+                if top >= cfg.vocab_size:
+                    raise ValueError(f"region_{kind}_words: word id {top} is outside the vocabulary "
+                                     f"({cfg.vocab_size})")
+                out[f"region_{kind}_word_ids"], out[f"region_{kind}_word_weights"] = ids, weights
+        return out
 
     def build_visual_feature_embedding(self, appearance_size: int) -> None:
         cfg = self.cfg
@@ -412,7 +426,10 @@ class VLBert(nn.Module):
                     images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
                     masked_regions=masked_regions, region_features=region_features, image_hw=image_hw,
                     class_logits=output_class_logits)
-            real = torch.cat([torch.ones_like(box_mask[:, :1]), box_mask], 1)  # [B, 1+N]: whole image + boxes
+            # the whole-image element exists with no box at all (an image where nothing was detected): built
+            # from the batch size, not from box_mask[:, :1], which is empty then
+            whole = box_mask.new_ones(bsz, 1)
+            real = torch.cat([whole, box_mask], 1)  # [B, 1+N]: whole image + boxes
             visual = emb.visual_features(appearance, boxes_norm, real)  # [B, 1+N, visual_size]
             whole_image_term = emb.text_visual_term(visual[:, :1])  # [B, 1, hidden], once per sample
             if word_region_index is None:
@@ -423,7 +440,7 @@ class VLBert(nn.Module):
             n_regions = visual.shape[1]
             if n_regions != n_visual:
                 raise ValueError(f"{n_regions - 1} region features for {n_visual - 1} boxes")
-            is_masked = torch.cat([torch.zeros_like(masked_regions[:, :1]), masked_regions & box_mask], 1)
+            is_masked = torch.cat([~whole, masked_regions & box_mask], 1)
             token = words[:, t:-1]  # [B, 1+N, hidden]: [IMG]
             if self.region_words:
                 if self.fast_rcnn is None:
@@ -435,7 +452,7 @@ class VLBert(nn.Module):
                 terms = emb.region_word_terms(
                     detector.object_classifier(appearance) if cfg.region_class_words is not None else None,
                     detector.attribute_classifier(appearance) if cfg.region_attribute_words is not None else None)
-                is_object = torch.cat([torch.zeros_like(box_mask[:, :1]), box_mask], 1)
+                is_object = torch.cat([~whole, box_mask], 1)
                 token = token + sum(terms) * is_object.unsqueeze(-1).to(words.dtype)
                 if cfg.region_word_alignment is not None:  # a masked region names nothing: no word aligns to it
                     text = text + emb.aligned_region_words(words[:, :t], terms, is_object & ~is_masked)

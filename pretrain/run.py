@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     last = engine.train(resume=args.resume, overwrite=args.overwrite)
     finished = engine.step >= cfg.engine.steps
     if cfg.engine.export and finished:
-        export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir)
+        export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir, cfg.data)
         if cfg.grounding is not None:
             final_grounding(engine, cfg.grounding, Path(cfg.engine.run_dir), tokenizer)
         if cfg.detector_drift and model_cfg.region_input == "pixels":
@@ -279,14 +279,18 @@ def final_drift(engine, detector_config: str, run_dir: Path) -> None:
     torch.distributed.barrier()
 
 
-def export(engine, model_cfg, out: Path, tokenizer_dir) -> None:
-    """Consolidated fp32 weights (any ZeRO stage), then a check that the exported directory computes
-    what the live model computes on a batch (every rank joins the live forward; ZeRO-3 gathers)."""
-    from model.export import load_pretrained, save_pretrained
+def export(engine, model_cfg, out: Path, tokenizer_dir, data) -> None:
+    """Consolidated fp32 weights (any ZeRO stage), with the image preprocessing and the run they came from,
+    then a check that the exported directory computes what the live model computes on a batch (every rank
+    joins the live forward; ZeRO-3 gathers)."""
+    from model.export import PRETRAINING_ARCHITECTURE, image_preprocessing, load_pretrained, save_pretrained
 
     state = engine.consolidated_state_dict()
     if state is not None:
-        save_pretrained({k.removeprefix("model."): v for k, v in state.items()}, model_cfg, out, tokenizer_dir)
+        save_pretrained({k.removeprefix("model."): v for k, v in state.items()}, model_cfg, out, tokenizer_dir,
+                        image=image_preprocessing(data.short_side, data.long_side, data.size_divisibility, model_cfg),
+                        source={"run_dir": engine.run_dir, "run_id": engine.run_id, "step": engine.step},
+                        architecture=PRETRAINING_ARCHITECTURE)
     probe = next(iter(engine.loader))
     engine.engine.eval()
     with torch.no_grad():

@@ -431,6 +431,12 @@ def test_appearance_standardiser_matches_masked_statistics():
     std.eval()
     assert torch.allclose(std(x, valid), (x - mean2) / (var2 + 1e-5).sqrt(), atol=1e-4)
     assert torch.allclose(std.running_mean, mean2, atol=1e-5)  # evaluation does not update them
+    std.train()
+    std(torch.randn(3, 5, 4) * 9, torch.zeros(3, 5, dtype=torch.bool))  # no image had a box: no statistics
+    assert torch.allclose(std.running_mean, mean2, atol=1e-5) and torch.allclose(std.running_var, var2, atol=1e-4)
+    fresh = AppearanceStandardiser(4)
+    fresh(x, torch.zeros(3, 5, dtype=torch.bool))  # nor does such a batch open the statistics
+    assert not fresh.initialised and torch.equal(fresh.running_var, torch.ones(4))
 
 
 def test_region_word_embeddings_by_hand(tiny_cfg):

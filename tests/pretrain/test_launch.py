@@ -41,7 +41,7 @@ def test_ablation_sh_passes_arguments_through(tmp_path):
     assert out.returncode == 0 and "--text-baseline" in out.stdout and "Flickr30k Entities" in out.stdout
     bad = subprocess.run(["bash", str(ROOT / "launch/ablation.sh"), "--model", f"x={tmp_path}"],
                          capture_output=True, text=True)
-    assert bad.returncode != 0 and "config.yaml" in bad.stderr  # not an exported directory: named
+    assert bad.returncode != 0 and "config.json" in bad.stderr  # not an exported directory: named
 
 
 def test_demo_config_runs_the_periodic_diagnostic():
