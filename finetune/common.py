@@ -3,8 +3,8 @@ and boxes into batches, a resumable epoch loader, the text + regions input of VL
 Figure 2), saving and loading a finetuned model, and one `main` on the shared engine.
 
 A finetuned model directory (`<run_dir>/model`) holds `model.safetensors` (the task module: VL-BERT
-and its head), `config.yaml` (the VLBertConfig), `task.json` (which task, its head's vocabulary, its
-input settings) and the tokenizer, so `finetune.infer` can answer with it alone.
+and its head), `config.json` (the VLBertConfig and the image preprocessing), `task.json` (which task,
+its head's vocabulary, its input settings) and the tokenizer, so `finetune.infer` can answer with it alone.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from model.config import model_config
 from model.export import image_preprocessing, is_export_dir, load_config_dir, load_pretrained, save_pretrained
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
 from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, run_overrides
+from pretrain.loaders import EpochLoader
+from pretrain.loaders import eval_batches as eval_in_order
+from shards.images import SIZE_DIVISIBILITY, ImageConfig
 
 
 @dataclass
@@ -33,15 +35,6 @@ class BackboneConfig:
     model_preset: str = "base"
     model: dict = field(default_factory=dict)  # VLBertConfig updates (e.g. {hidden_dropout_prob: 0.2})
     tokenizer: str | None = None  # None: the init's own vocab.txt, else the packaged one
-
-
-@dataclass
-class ImageConfig:
-    root: str = "data/demo/raw"  # image paths of the dataset are relative to this
-    short_side: int = 600  # VL-BERT resizes to 600 / 1000
-    long_side: int = 1000
-    max_regions: int = 100
-    box_tolerance: float = 2.0  # pixels a box may stick out of its image (then clipped); beyond: an error
 
 
 @dataclass
@@ -97,45 +90,6 @@ def copy_transform(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     dst.load_state_dict(src.state_dict())
 
 
-# --- images and boxes ------------------------------------------------------------------------------------
-
-def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The image resized by VL-BERT's rule and its [N, 4] pixel boxes (x1, y1, x2, y2, original image)
-    mapped onto it. A box outside the image by more than cfg.box_tolerance is an error naming `where`."""
-    from shards.reader import decode_resized
-
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{where}: image {path} not found (image root: {cfg.root})") from None
-    image, scale, (w, h) = decode_resized(data, cfg.short_side, cfg.long_side)
-    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    tol = cfg.box_tolerance
-    bad = (b[:, 0] < -tol) | (b[:, 1] < -tol) | (b[:, 2] > w + tol) | (b[:, 3] > h + tol) | \
-          (b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1])
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where}: box {k} {b[k].tolist()} lies outside the {w}x{h} image {path} or is empty")
-    b = np.clip(b, 0, [w, h, w, h])
-    return image, torch.from_numpy(b) * scale
-
-
-SIZE_DIVISIBILITY = 32  # batch images are zero-padded to a multiple of it, as pretraining's reader does
-
-
-def collate_visual(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-    """(image, boxes) pairs -> images [B, 3, H, W] uint8, image_sizes [B, 2], boxes [B, N, 4], box_mask."""
-    from shards.reader import pad_images
-
-    images, sizes = pad_images([im for im, _ in items], SIZE_DIVISIBILITY)
-    n = max(1, max(len(b) for _, b in items))
-    boxes = torch.zeros(len(items), n, 4)
-    mask = torch.zeros(len(items), n, dtype=torch.bool)
-    for i, (_, b) in enumerate(items):
-        boxes[i, : len(b)], mask[i, : len(b)] = b, True
-    return {"images": images, "image_sizes": sizes, "boxes": boxes, "box_mask": mask}
-
-
 def pad_lists(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     from shards.reader import pad_ids
 
@@ -182,62 +136,6 @@ def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=No
                    real_positions=batch.get("real_positions"))
 
 
-# --- the loader ---------------------------------------------------------------------------------------------
-
-class _Batches(torch.utils.data.Dataset):
-    def __init__(self, data, batches: list[list[int]]):
-        self.data, self.batches = data, batches
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __getitem__(self, k):
-        return with_positions(self.data.batch(self.batches[k]))
-
-
-class EpochLoader:
-    """Epochs over a dataset with `__len__` and `batch(indices) -> dict`: a seeded permutation per epoch,
-    split across ranks, with a resumable position (the engine checkpoints `state_dict()`). With workers,
-    batches are built (images decoded) in background processes, in the same order."""
-
-    def __init__(self, data, micro_batch: int, seed: int, rank: int = 0, world: int = 1, num_workers: int = 0):
-        self.data, self.micro, self.seed, self.rank, self.world = data, micro_batch, seed, rank, world
-        self.num_workers = num_workers
-        self.epoch, self.position = 0, 0
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return max(1, len(self.data) // self.world // self.micro)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-
-    def _order(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return torch.randperm(len(self.data), generator=g)[self.rank:: self.world].tolist()
-
-    def __iter__(self):
-        from shards.reader import ignore_stop_signals, worker_batches
-
-        while True:
-            order = self._order()
-            batches = [order[k * self.micro: (k + 1) * self.micro]
-                       for k in range(self.position, self.batches_per_epoch)]
-            if self.num_workers > 0:
-                source = worker_batches(torch.utils.data.DataLoader(
-                    _Batches(self.data, batches), batch_size=None, num_workers=self.num_workers,
-                    worker_init_fn=ignore_stop_signals))
-            else:
-                source = (with_positions(self.data.batch(b)) for b in batches)
-            for batch in source:
-                self.position += 1
-                yield batch
-            self.epoch, self.position = self.epoch + 1, 0
-
-
 def count_batch(batch: dict) -> dict[str, float]:
     """Throughput counts of a task batch: images (= examples; VCR's 4 candidates share one), and tokens
     (every sequence's words and the regions)."""
@@ -252,12 +150,8 @@ def count_batch(batch: dict) -> dict[str, float]:
 
 
 def eval_batches(data, batch_size: int, limit: int = 0, desc: str = "evaluate"):
-    from tqdm import tqdm
-
-    n = len(data) if not limit else min(limit, len(data))
-    for start in tqdm(range(0, n, batch_size), desc=desc, unit="batch"):
-        idx = list(range(start, min(n, start + batch_size)))
-        yield idx, with_positions(data.batch(idx))
+    """The evaluation pass of a task: in order, each batch with its real positions counted."""
+    return eval_in_order(data, batch_size, limit, desc, prepare=with_positions)
 
 
 # --- finetuned model directories ---------------------------------------------------------------------------
@@ -317,7 +211,7 @@ def finetune_main(spec, argv: list[str] | None) -> int:
         train = spec.dataset(cfg, tokenizer, None, train=True)
         module, info = spec.build_module(pretrained, cfg, train)
         micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)
-        loader = EpochLoader(train, micro, cfg.seed, rank, world, cfg.num_workers)
+        loader = EpochLoader(train, micro, cfg.seed, rank, world, cfg.num_workers, prepare=with_positions)
         steps_per_epoch = max(1, loader.batches_per_epoch // cfg.engine.gradient_accumulation_steps)
         cfg.engine.steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
         if cfg.warmup_fraction >= 0:

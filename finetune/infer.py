@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from model.export import load_image_preprocessing
+from shards.images import ImageConfig, collate_visual, load_image
 
-from .common import ImageConfig, collate_visual, load_image, load_task_model, pad_lists
+from .common import load_task_model, pad_lists
 
 
 def _rebuild(vl_bert, info: dict):

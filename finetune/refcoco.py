@@ -32,17 +32,10 @@ from torch import nn
 from model.boxes import box_iou
 from pretrain.engine import entry_point
 from shards.coco import CocoFormatError, read_instances, xywh_to_xyxy
+from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 
-from .common import (
-    FinetuneConfig,
-    collate_visual,
-    encode,
-    eval_batches,
-    finetune_main,
-    load_image,
-    pad_lists,
-)
+from .common import FinetuneConfig, encode, eval_batches, finetune_main, pad_lists
 
 SPLITS = ("train", "val", "testA", "testB", "test")
 

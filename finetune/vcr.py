@@ -41,18 +41,10 @@ from torch import nn
 
 from model.heads import BertPredictionHeadTransform
 from pretrain.engine import entry_point
+from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 
-from .common import (
-    FinetuneConfig,
-    collate_visual,
-    copy_transform,
-    encode,
-    eval_batches,
-    finetune_main,
-    load_image,
-    pad_lists,
-)
+from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
 
 # R2C's list (and the official VL-BERT code's), "Peyton" twice included: person i gets name i mod 15
 GENDER_NEUTRAL_NAMES = ["Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry", "Jody", "Kendall",

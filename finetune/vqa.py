@@ -35,18 +35,10 @@ from torch import nn
 
 from model.heads import BertPredictionHeadTransform
 from pretrain.engine import entry_point
+from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 
-from .common import (
-    FinetuneConfig,
-    collate_visual,
-    copy_transform,
-    encode,
-    eval_batches,
-    finetune_main,
-    load_image,
-    pad_lists,
-)
+from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
 
 # --- the official answer normalisation and accuracy (VQA evaluation code, vqaEval.py) -------------------
 

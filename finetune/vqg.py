@@ -35,8 +35,8 @@ from torch import nn
 from model.bert_gen import BertGen
 from model.config import load_config
 from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides, to_device
+from pretrain.loaders import EpochLoader
 
-from .common import EpochLoader
 from .generate import DecodeConfig, generate
 from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
 

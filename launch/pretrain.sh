@@ -64,8 +64,8 @@ done
 feats=data/demo/shards/features-train/manifest.json
 if grep -q "data/demo/shards/features-train" "$config" && \
     { [ ! -f "$feats" ] || [ data/demo/shards/captions-train/manifest.json -nt "$feats" ]; }; then
-  echo "launch/pretrain.sh: writing the demo's region features first (python -m shards.features)" >&2
-  python -m shards.features --config "$config" --input 'data/demo/shards/captions-train/*.tar' \
+  echo "launch/pretrain.sh: writing the demo's region features first (python -m pretrain.features)" >&2
+  python -m pretrain.features --config "$config" --input 'data/demo/shards/captions-train/*.tar' \
     --out data/demo/shards/features-train
   stage_done "region features"
 fi

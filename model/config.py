@@ -215,7 +215,7 @@ class VLBertConfig:
     region_word_alignment_scale: float = 20.0  # softmax inverse temperature of that alignment
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
     # "pixels": the Fast R-CNN is part of the model and trained end to end (VL-BERT); "features": the
-    # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m shards.features`),
+    # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m pretrain.features`),
     # and `fast_rcnn` describes that extractor (its weights file is kept, so evaluation can rerun it)
     region_input: str = "pixels"
     fast_rcnn: FastRCNNConfig = field(default_factory=FastRCNNConfig)

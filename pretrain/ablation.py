@@ -144,7 +144,7 @@ class PhraseData:
         """num_classes: the model's MRC classes, checked against the box file (None: not checked, for a
         text-only model that scores no region). extractor: for a model that reads precomputed features
         (`region_input: features`), the frozen Fast R-CNN that made its training features
-        (`shards.features.FeatureExtractor`); batches then carry region_features + image_hw."""
+        (`pretrain.features.FeatureExtractor`); batches then carry region_features + image_hw."""
         self.cfg = cfg
         self.extractor = extractor
         self._features: dict[int, list[torch.Tensor]] = {}
@@ -610,7 +610,7 @@ def feature_extractor(model: VLBertForPretraining, device="cpu"):
     """The frozen Fast R-CNN a features model (`region_input: features`) was trained on, else None."""
     if model.cfg.region_input != "features" or model.cfg.visual_embedding != "vlbert":
         return None
-    from shards.features import FeatureExtractor
+    from pretrain.features import FeatureExtractor
 
     return FeatureExtractor(model.cfg.fast_rcnn, device)
 

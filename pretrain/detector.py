@@ -35,9 +35,11 @@ from torch import nn
 
 from model.config import FastRCNNConfig
 from shards.coco import read_instances, read_vocabularies
+from shards.images import ImageConfig, collate_visual, load_image
 from shards.skips import SkipLog
 
 from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides
+from .loaders import EpochLoader, eval_batches
 
 
 @dataclass
@@ -68,8 +70,6 @@ class BoxSet:
     """Images with their annotated boxes, object labels and multi-hot attributes, as `batch(indices)`."""
 
     def __init__(self, path: str, cfg: DetectorConfig, num_classes: int, num_attributes: int):
-        from finetune.common import ImageConfig
-
         self.path, self.cfg = path, cfg
         self.image_cfg = ImageConfig(root=cfg.image_root, short_side=cfg.short_side, long_side=cfg.long_side)
         self.num_attributes = num_attributes
@@ -105,8 +105,6 @@ class BoxSet:
         return len(self.items)
 
     def batch(self, indices: list[int]) -> dict:
-        from finetune.common import collate_visual, load_image
-
         pairs, labels, attributes = [], [], []
         for i in indices:
             image_id, name, anns = self.items[i]
@@ -184,7 +182,6 @@ def attribute_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Ten
 def evaluate(module: DetectorWarmup, data: BoxSet, batch_size: int, device) -> dict:
     """Object accuracy (argmax over the foreground classes) and attribute accuracy (the top-scoring
     attribute is one of the region's), each next to always answering the most frequent training label."""
-    from finetune.common import eval_batches
     from pretrain.engine import to_device
 
     module.eval()
@@ -250,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p, "DetectorConfig YAML (see launch/configs/detector_demo.yaml)", "epochs=2 optim.lr=5e-4")
     args = p.parse_args(argv)
-    from finetune.common import EpochLoader
     from model.config import load_config
 
     from .engine import Engine, init_distributed

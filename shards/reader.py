@@ -297,7 +297,7 @@ class CaptionDecoder:
 
     def __call__(self, record: dict) -> dict:
         """A caption sample: the resized image (uint8 [3, h, w]) with boxes in its pixels, or, for a
-        features shard (`shards.features`), region_features [N, F] with boxes in the original image's
+        features shard (`pretrain.features`), region_features [N, F] with boxes in the original image's
         pixels and image_hw (h, w) of that image."""
         cfg = self.cfg
         features = "feats.npy" in record

@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.common import EpochLoader, ImageConfig, encode, load_image
+from finetune.common import encode
 from finetune.refcoco import RefFormatError, read_detections, read_instances, read_refs, safe_pickle_load
 from finetune.vcr import GENDER_NEUTRAL_NAMES, VCRFormatError, q2ar, read_vcr_jsonl, words_of
 from finetune.vqa import build_answer_vocab, normalise_answer, read_vqa, soft_score, vqa_accuracy
+from pretrain.loaders import EpochLoader
+from shards.images import ImageConfig, load_image
 from shards.skips import SkipLog
 
 ROOT = Path(__file__).resolve().parents[2]

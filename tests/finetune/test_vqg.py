@@ -109,7 +109,7 @@ def test_question_metrics_hand_computed():
 
 
 def test_epoch_loader_resumes_exactly():
-    from finetune.common import EpochLoader
+    from pretrain.loaders import EpochLoader
 
     class Data:
         def __len__(self):

@@ -240,7 +240,7 @@ if __name__ == "__main__":
 
 
 def test_two_rank_run_on_precomputed_features_with_the_diagnostic(tmp_path, demo_corpus):
-    """`python -m shards.features`, then pretraining that reads its shards (no detector in the step)
+    """`python -m pretrain.features`, then pretraining that reads its shards (no detector in the step)
     with the periodic diagnostic rerunning the same extractor on the held-out images."""
     import torch
 
@@ -257,7 +257,7 @@ def test_two_rank_run_on_precomputed_features_with_the_diagnostic(tmp_path, demo
     cfg["data"]["caption_shards"] = str(tmp_path / "features" / "*.tar")
     config.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "shards.features", "--config", str(config), "--input",
+    subprocess.run([sys.executable, "-m", "pretrain.features", "--config", str(config), "--input",
                     str(demo_corpus / "shards/captions-train/*.tar"), "--out", str(tmp_path / "features"),
                     "--samples-per-shard", "8"], cwd=ROOT, env=env, check=True, capture_output=True)
     out = launch(config)

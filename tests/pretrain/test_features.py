@@ -1,4 +1,4 @@
-"""Precomputed region features: the feature shards (shards/features.py), reading them, pretraining and
+"""Precomputed region features: the feature shards (pretrain/features.py), reading them, pretraining and
 the cross-modal diagnostic on a model that reads them (`region_input: features`)."""
 
 import io
@@ -18,7 +18,7 @@ from pretrain.ablation import Ablator, PhraseData, evaluate, feature_extractor
 from pretrain.masking import MaskingConfig, PretrainMasker
 from pretrain.tasks import LossConfig, VLBertPretraining
 from shards.caption_inputs import expand_paths
-from shards.features import FeatureExtractor, write_features
+from pretrain.features import FeatureExtractor, write_features
 from shards.reader import CaptionDecoder, StreamConfig, collate_captions
 from shards.tokenizer import load_tokenizer
 

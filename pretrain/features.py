@@ -1,7 +1,7 @@
 """Precomputed region features: run a frozen Fast R-CNN once over caption shards and write shards
 whose samples carry the regions' appearance features instead of the image.
 
-    python -m shards.features --config launch/configs/demo_features.yaml \\
+    python -m pretrain.features --config launch/configs/demo_features.yaml \\
         --input 'data/demo/shards/captions-train/*.tar' --out data/demo/shards/features-train
 
 The extractor is the config's `model.fast_rcnn` (backbone, RoIAlign size, and its `weights` file), the
@@ -31,10 +31,10 @@ import torch
 import webdataset as wds
 from tqdm import tqdm
 
-from .caption_inputs import expand_paths
-from .reader import CaptionDecoder, collate_captions, kept_regions
-from .sink import ShardSink
-from .skips import SkipLog
+from shards.caption_inputs import expand_paths
+from shards.reader import CaptionDecoder, collate_captions, kept_regions
+from shards.sink import ShardSink
+from shards.skips import SkipLog
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -1,0 +1,55 @@
+"""Images and their boxes into model batches, outside the streaming reader: one image file resized by
+VL-BERT's rule with its boxes mapped onto it, and a batch of them padded as the reader pads. The finetune
+tasks, the detector warm-up and `finetune.infer` read their datasets this way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .reader import decode_resized, pad_images
+
+
+@dataclass
+class ImageConfig:
+    root: str = "data/demo/raw"  # image paths of the dataset are relative to this
+    short_side: int = 600  # VL-BERT resizes to 600 / 1000
+    long_side: int = 1000
+    max_regions: int = 100
+    box_tolerance: float = 2.0  # pixels a box may stick out of its image (then clipped); beyond: an error
+
+
+def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The image resized by VL-BERT's rule and its [N, 4] pixel boxes (x1, y1, x2, y2, original image)
+    mapped onto it. A box outside the image by more than cfg.box_tolerance is an error naming `where`."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{where}: image {path} not found (image root: {cfg.root})") from None
+    image, scale, (w, h) = decode_resized(data, cfg.short_side, cfg.long_side)
+    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    tol = cfg.box_tolerance
+    bad = (b[:, 0] < -tol) | (b[:, 1] < -tol) | (b[:, 2] > w + tol) | (b[:, 3] > h + tol) | \
+          (b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1])
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: box {k} {b[k].tolist()} lies outside the {w}x{h} image {path} or is empty")
+    b = np.clip(b, 0, [w, h, w, h])
+    return image, torch.from_numpy(b) * scale
+
+
+SIZE_DIVISIBILITY = 32  # batch images are zero-padded to a multiple of it, as pretraining's reader does
+
+
+def collate_visual(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """(image, boxes) pairs -> images [B, 3, H, W] uint8, image_sizes [B, 2], boxes [B, N, 4], box_mask."""
+    images, sizes = pad_images([im for im, _ in items], SIZE_DIVISIBILITY)
+    n = max(1, max(len(b) for _, b in items))
+    boxes = torch.zeros(len(items), n, 4)
+    mask = torch.zeros(len(items), n, dtype=torch.bool)
+    for i, (_, b) in enumerate(items):
+        boxes[i, : len(b)], mask[i, : len(b)] = b, True
+    return {"images": images, "image_sizes": sizes, "boxes": boxes, "box_mask": mask}
