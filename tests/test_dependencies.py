@@ -61,3 +61,44 @@ def test_every_imported_package_is_declared():
         elif not owners & wanted:
             missing[name] = f"{where}: imports '{name}' (from {', '.join(sorted(owners))}), not in pyproject.toml"
     assert not missing, "\n".join(missing.values())
+
+
+# model <- shards <- the runtime and pretraining (pretrain/) <- finetune <- bench, launch: each package may import
+# only from the packages below it, and no private name (`_x`) from another package
+BELOW = {"model": set(), "shards": {"model"}, "pretrain": {"model", "shards"},
+         "finetune": {"model", "shards", "pretrain"}, "bench": {"model", "shards", "pretrain", "finetune"},
+         "launch": {"model", "shards", "pretrain", "finetune"}}
+
+
+def cross_package_imports(package: str):
+    """(file, line, imported package, names) for every absolute import of another of our packages."""
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found = [(node.module.split(".")[0], [a.name for a in node.names])]
+            elif isinstance(node, ast.Import):
+                found = [(a.name.split(".")[0], []) for a in node.names]
+            else:
+                continue
+            for top, names in found:
+                if top in BELOW and top != package:
+                    yield f"{path.relative_to(ROOT)}:{node.lineno}", top, names
+
+
+@pytest.mark.parametrize("package", sorted(BELOW))
+def test_packages_import_only_downwards_and_no_private_names(package):
+    upward = [f"{where} imports {top}" for where, top, _ in cross_package_imports(package) if top not in BELOW[package]]
+    private = [f"{where} imports {top}.{n}" for where, top, names in cross_package_imports(package)
+               for n in names if n.startswith("_")]
+    assert not upward, upward
+    assert not private, private
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path, monkeypatch):
+    """The scan above must be able to fail: a shards module importing pretrain is reported."""
+    (tmp_path / "shards").mkdir()
+    bad = "def f():\n    from pretrain.run import main\n    from model import _x\n"
+    (tmp_path / "shards" / "bad.py").write_text(bad)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = list(cross_package_imports("shards"))
+    assert ("shards/bad.py:2", "pretrain", ["main"]) in found and ("shards/bad.py:3", "model", ["_x"]) in found
