@@ -30,6 +30,10 @@ IGNORE = -100
 @dataclass
 class MaskingConfig:
     mlm_probability: float = 0.15  # fraction of words chosen for masked language modelling
+    # In captions, words naming a detector class or attribute (the config's `region_words`) are chosen with this
+    # probability instead: the words the image decides get more of the masking, as ERNIE-ViL masks a caption's
+    # scene-graph object and attribute words (Yu et al. 2021). None = every word alike (BERT, VL-BERT).
+    region_word_probability: float | None = None
     mask_fraction: float = 0.8  # of chosen word-pieces: replaced by [MASK] ...
     random_fraction: float = 0.1  # ... by a random word (the rest stay unchanged)
     mrc_probability: float = 0.15  # fraction of regions chosen for masked RoI classification
@@ -83,7 +87,9 @@ def grey_resampling_rings(images: torch.Tensor, boxes: torch.Tensor, zeroed: tor
 class PretrainMasker:
     def __init__(self, cfg: MaskingConfig, tokenizer, *, cls_id: int, sep_id: int, mask_id: int, num_classes: int,
                  pad_id: int = 0, seed: int = 0, rank: int = 0,
-                 pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)):
+                 pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
+                 region_word_ids: list[int] | None = None):
+        """region_word_ids: the first word-piece of each class / attribute name (masking.region_word_probability)."""
         self.cfg = cfg
         self.grey = grey_of(pixel_mean)
         self.num_classes = num_classes
@@ -94,19 +100,33 @@ class PretrainMasker:
         self.vocab_size = len(tokens)
         self.cls_id, self.sep_id, self.mask_id, self.pad_id = cls_id, sep_id, mask_id, pad_id
         self.seed, self.rank = seed, rank
+        self.region_word = None
+        if cfg.region_word_probability is not None:
+            if not region_word_ids:
+                raise ValueError("masking.region_word_probability needs the region words' names: set region_words "
+                                 "(the detector's class/attribute vocabulary)")
+            self.region_word = torch.zeros(self.vocab_size, dtype=torch.bool)
+            self.region_word[torch.tensor(sorted(set(region_word_ids)))] = True
 
     def generator(self, index: int) -> torch.Generator:
         return torch.Generator().manual_seed((self.seed * 1_000_003 + self.rank) * 1_000_033 + index)
 
     # -- words --------------------------------------------------------------------------------------
 
-    def mask_words(self, ids: torch.Tensor, valid: torch.Tensor, g: torch.Generator):
-        """Whole-word masking of [B, T] word ids -> (input ids, labels with IGNORE where not chosen)."""
+    def mask_words(self, ids: torch.Tensor, valid: torch.Tensor, g: torch.Generator, caption: bool = False):
+        """Whole-word masking of [B, T] word ids -> (input ids, labels with IGNORE where not chosen). In a
+        caption, words whose first piece names a region class or attribute are chosen with
+        masking.region_word_probability."""
         c = self.cfg
         b, t = ids.shape
         starts = valid & ~self.continuation[ids]
         word_of_token = (starts.cumsum(1) - 1).clamp(min=0)  # [B, T]
-        chosen_words = torch.rand(b, t, generator=g) < c.mlm_probability
+        probability = torch.full((b, t), c.mlm_probability)  # per word (column k: the row's k-th word)
+        if caption and self.region_word is not None:
+            first_piece = torch.zeros(b, t + 1, dtype=ids.dtype).scatter_(
+                1, torch.where(starts, word_of_token, t), ids)[:, :t]  # [B, T]: word k's first piece
+            probability = torch.where(self.region_word[first_piece], c.region_word_probability, probability)
+        chosen_words = torch.rand(b, t, generator=g) < probability
         chosen = chosen_words.gather(1, word_of_token) & valid
         if not chosen.any() and valid.any():  # at least one target per batch keeps the loss defined
             first = int(valid.any(1).nonzero()[0])
@@ -120,8 +140,8 @@ class PretrainMasker:
         use_random = chosen & (r >= c.mask_fraction) & (r < c.mask_fraction + c.random_fraction)
         return torch.where(use_random, random_words, out), labels
 
-    def _text_inputs(self, ids, valid, g) -> dict:
-        masked, labels = self.mask_words(ids, valid, g)
+    def _text_inputs(self, ids, valid, g, caption: bool = False) -> dict:
+        masked, labels = self.mask_words(ids, valid, g, caption)
         input_ids, token_types, text_mask = assemble_text(masked, valid, cls_id=self.cls_id, sep_id=self.sep_id,
                                                           pad_id=self.pad_id)
         labels, _, _ = assemble_text(labels, valid, cls_id=IGNORE, sep_id=IGNORE, pad_id=IGNORE)
@@ -151,7 +171,7 @@ class PretrainMasker:
         if k < 1:
             raise ValueError(f"masking.word_views: {k}, must be >= 1")
         # rows k*b + i are caption i's views: its image is image i of the batch (VLBert.region_features)
-        out = self._text_inputs(torch.where(valid, ids, self.pad_id).repeat(k, 1), valid.repeat(k, 1), g)
+        out = self._text_inputs(torch.where(valid, ids, self.pad_id).repeat(k, 1), valid.repeat(k, 1), g, caption=True)
         # masked RoI classification
         chosen = (torch.rand(b, n, generator=g) < c.mrc_probability) & box_mask
         if not chosen.any() and box_mask.any():

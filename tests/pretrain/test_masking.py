@@ -234,3 +234,32 @@ def test_a_zeroed_box_leaves_nothing_of_its_object_after_resizing():
     m.grey_resampling_rings = lambda images, batch, zeroed: images
     a, b = seen(m(batch)["caption"])
     assert (a - b).abs().amax() > 0.1  # 0.44 here: ~25 grey levels of red in the ring
+
+
+def test_region_words_are_masked_more_in_captions_only():
+    """masking.region_word_probability: in captions, a word whose first piece names a class or attribute
+    ("red", "circle"; "hexagon" is two pieces, its first counts) is chosen at that rate, whole; other words
+    and text-corpus samples keep mlm_probability; without it the draw is exactly BERT's."""
+    tok = load_tokenizer(None)
+    sentence = "a red hexagon is left of the blue circle near a small square"
+    row = tok(sentence, add_special_tokens=False)["input_ids"]
+    names = [tok(w, add_special_tokens=False)["input_ids"] for w in ("red", "blue", "circle", "hexagon")]
+    assert len(names[3]) > 1  # a name of several pieces
+    cfg = MaskingConfig(mlm_probability=0.1, region_word_probability=0.7, mask_fraction=1.0, random_fraction=0.0)
+    m = PretrainMasker(cfg, tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9,
+                       region_word_ids=[n[0] for n in names])
+    ids = torch.tensor([row] * 4000)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    _, labels = m.mask_words(ids, valid, torch.Generator().manual_seed(0), caption=True)
+    chosen = (labels != IGNORE).float().mean(0)  # per position
+    region = torch.tensor([any(i in n for n in names) for i in row])
+    assert (chosen[region] - 0.7).abs().max() < 0.04 and (chosen[~region] - 0.1).abs().max() < 0.04
+    pieces = [k for k, i in enumerate(row) if i in names[3]]
+    assert torch.equal(labels[:, pieces[0]] != IGNORE, labels[:, pieces[1]] != IGNORE)  # whole word
+    _, text = m.mask_words(ids, valid, torch.Generator().manual_seed(0))  # a text-corpus sample
+    assert ((text != IGNORE).float().mean(0) - 0.1).abs().max() < 0.04
+    plain = PretrainMasker(MaskingConfig(mlm_probability=0.1, mask_fraction=1.0, random_fraction=0.0), tok,
+                           cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+    assert torch.equal(plain.mask_words(ids, valid, torch.Generator().manual_seed(0), caption=True)[1], text)
+    with pytest.raises(ValueError, match="region_words"):
+        PretrainMasker(cfg, tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
