@@ -196,11 +196,11 @@ def finetune_main(spec, argv: list[str] | None) -> int:
     from model.config import load_config
 
     cfg = load_config(spec.config_cls, args.config, run_overrides(args))
-    from pretrain.engine import Engine, init_distributed
+    from pretrain.engine import Engine, init_distributed, seed_rank
     from shards.tokenizer import load_tokenizer
 
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    torch.manual_seed(cfg.seed)
+    seed_rank(cfg.seed, rank)
     run_dir = Path(cfg.engine.run_dir)
     if args.eval_only:
         module, info = load_task_model(run_dir / "model", spec.rebuild)

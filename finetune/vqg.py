@@ -345,10 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(VQGConfig, args.config, run_overrides(args))
     if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
         raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both (got {cfg.step}, {cfg.inputs})")
-    from pretrain.engine import Engine, init_distributed
+    from pretrain.engine import Engine, init_distributed, seed_rank
 
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    torch.manual_seed(cfg.seed)
+    seed_rank(cfg.seed, rank)
     from shards.tokenizer import load_tokenizer, resolve_bert_dir
 
     run_dir = Path(cfg.engine.run_dir)

@@ -249,13 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from model.config import load_config
 
-    from .engine import Engine, init_distributed
+    from .engine import Engine, init_distributed, seed_rank
 
     cfg = load_config(DetectorConfig, args.config, run_overrides(args))
     categories, attributes = read_vocabularies(cfg.train)
     num_attributes = max(attributes, default=0)
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    torch.manual_seed(cfg.seed)
+    seed_rank(cfg.seed, rank)
     train = BoxSet(cfg.train, cfg, cfg.fast_rcnn.num_classes, num_attributes)
     module = DetectorWarmup(cfg.fast_rcnn, num_attributes, cfg.attribute_weight, cfg.attribute_loss)
     micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)

@@ -173,6 +173,13 @@ def entry_point(main) -> int:
         return 2 if isinstance(e, ConfigError) else 3
 
 
+def seed_rank(seed: int, rank: int) -> None:
+    """Every trainer's torch RNG: seed + rank. Ranks draw their own dropout masks (one seed for all would repeat
+    them on every rank); rank 0 keeps the configured seed, so a one-process run is what it always was. Weights
+    drawn before the engine starts differ by rank too: DeepSpeed broadcasts rank 0's when it starts."""
+    torch.manual_seed(seed + rank)
+
+
 def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, int]:
     """Join the job's process group (NCCL on GPUs, gloo on CPU) and pick this rank's GPU; without a
     launcher, a world of one (the engine runs on DeepSpeed either way). Returns (rank, world size).

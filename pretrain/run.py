@@ -140,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cfg = load_config(PretrainConfig, args.config, run_overrides(args))
 
-    from .engine import init_distributed
+    from .engine import init_distributed, seed_rank
 
     rank, _ = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    torch.manual_seed(cfg.engine.seed + rank)
+    seed_rank(cfg.engine.seed, rank)
 
     from model.hf_import import load_hf_bert
     from model.vl_bert import VLBertForPretraining

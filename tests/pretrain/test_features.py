@@ -15,10 +15,10 @@ from model.export import load_config_dir, save_pretrained
 from model.fast_rcnn import FastRCNN
 from model.vl_bert import VLBertForPretraining
 from pretrain.ablation import Ablator, PhraseData, evaluate, feature_extractor
+from pretrain.features import FeatureExtractor, write_features
 from pretrain.masking import MaskingConfig, PretrainMasker
 from pretrain.tasks import LossConfig, VLBertPretraining
 from shards.caption_inputs import expand_paths
-from pretrain.features import FeatureExtractor, write_features
 from shards.reader import CaptionDecoder, StreamConfig, collate_captions
 from shards.tokenizer import load_tokenizer
 
