@@ -36,11 +36,9 @@ class VLBertHFConfig(PretrainedConfig):
         for key, value in dataclasses.asdict(from_dict(VLBertConfig, own, "config.json")).items():
             setattr(self, key, value)
         self.image_preprocessing = image_preprocessing
-        # PretrainedConfig keeps the special token ids itself: ours are VLBertConfig's, set above
-        for key in ("pad_token_id",):
-            kwargs.pop(key, None)
         # the MLM decoder is the word embeddings (VL-BERT's tie): an export stores it once
         kwargs.setdefault("tie_word_embeddings", True)
+        # PretrainedConfig keeps pad_token_id itself (VLBertConfig's, taken above)
         super().__init__(pad_token_id=self.pad_token_id, **kwargs)
 
     @classmethod
