@@ -159,18 +159,12 @@ class VQGTask(nn.Module):
 
 # --- building the model ---------------------------------------------------------------------------------
 
-def _is_ours(path: Path) -> bool:
-    from model.export import is_export_dir
-
-    return is_export_dir(path)
-
-
 def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
     """BertGen with Θ from `cfg.init` and W from `cfg.init_projection` (or random); returns it and a
     record of where every part came from."""
     from safetensors.torch import load_file
 
-    from model.export import load_config_dir
+    from model.export import is_export_dir, load_config_dir
     from model.hf_import import config_from_hf, load_hf_bert
     from shards.tokenizer import bert_source_dir
 
@@ -182,7 +176,7 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
         mcfg = config_from_hf(bert_source_dir("packaged"), "base", updates=gen_updates)
         gen = BertGen(mcfg)
         record["theta_from"] = "random init"
-    elif _is_ours(source):
+    elif is_export_dir(source):
         gen = BertGen(load_config_dir(source, gen_updates))
         state = load_file(str(source / "model.safetensors"))
         w_names = set(gen.projection_parameters())

@@ -67,6 +67,19 @@ def save_pretrained(state_dict: dict[str, torch.Tensor], cfg: VLBertConfig, path
     return path
 
 
+VL_BERT_FIELDS = tuple(f.name for f in dataclasses.fields(VLBertConfig))
+
+
+def exported_model_fields(data: dict) -> dict:
+    """The VLBertConfig fields of an export's config mapping. A pixels model's detector weights file is dropped:
+    the exported weights already hold the detector's. A features model keeps its extractor's weights file:
+    evaluation on new images reruns it."""
+    out = {k: v for k, v in data.items() if k in VL_BERT_FIELDS}
+    if out.get("region_input", "pixels") == "pixels" and isinstance(out.get("fast_rcnn"), dict):
+        out["fast_rcnn"] = {**out["fast_rcnn"], "weights": None}
+    return out
+
+
 def _config_json(path: Path) -> dict | None:
     """The directory's config.json if it is ours (a transformers BERT directory has one too)."""
     try:
@@ -85,10 +98,9 @@ def is_export_dir(path: str | Path) -> bool:
 def _read_config(path: Path) -> tuple[dict, str]:
     data = _config_json(path)
     if data is not None:
-        fields = {f.name for f in dataclasses.fields(VLBertConfig)}
-        return {k: v for k, v in data.items() if k in fields}, str(path / CONFIG)
+        return exported_model_fields(data), str(path / CONFIG)
     if (path / LEGACY_CONFIG).exists():
-        return yaml.safe_load((path / LEGACY_CONFIG).read_text()), str(path / LEGACY_CONFIG)
+        return exported_model_fields(yaml.safe_load((path / LEGACY_CONFIG).read_text())), str(path / LEGACY_CONFIG)
     if (path / CONFIG).exists():
         raise ValueError(f"{path / CONFIG}: model_type is not '{MODEL_TYPE}' (a transformers BERT directory? pass "
                          "it where a BERT is expected, e.g. backbone.init)")
@@ -99,9 +111,6 @@ def load_config_dir(path: str | Path, updates: dict | None = None) -> VLBertConf
     """The directory's VLBertConfig, with `updates` merged in (a finetune config's `model` block)."""
     path = Path(path)
     data, where = _read_config(path)
-    if data.get("region_input", "pixels") == "pixels":
-        data["fast_rcnn"]["weights"] = None  # the exported weights already hold the detector's
-    # a features model keeps its extractor's weights file: evaluation on new images reruns it
     return from_dict(VLBertConfig, deep_merge(data, updates or {}), where)
 
 

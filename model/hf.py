@@ -18,10 +18,8 @@ import torch
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 
 from .config import VLBertConfig, from_dict
-from .export import MODEL_TYPE, PRETRAINING_ARCHITECTURE
+from .export import MODEL_TYPE, PRETRAINING_ARCHITECTURE, VL_BERT_FIELDS, exported_model_fields
 from .vl_bert import VLBertForPretraining, VLBertOutput
-
-VL_BERT_FIELDS = tuple(f.name for f in dataclasses.fields(VLBertConfig))
 
 
 class VLBertHFConfig(PretrainedConfig):
@@ -46,7 +44,8 @@ class VLBertHFConfig(PretrainedConfig):
         return cls(image_preprocessing=image_preprocessing, **dataclasses.asdict(cfg))
 
     def vl_bert_config(self) -> VLBertConfig:
-        return from_dict(VLBertConfig, {k: getattr(self, k) for k in VL_BERT_FIELDS}, "config.json")
+        """The model this config describes, as an export: its detector comes with the weights."""
+        return from_dict(VLBertConfig, exported_model_fields(self.to_dict()), "config.json")
 
 
 class VLBertForPreTrainingHF(PreTrainedModel):
@@ -61,11 +60,7 @@ class VLBertForPreTrainingHF(PreTrainedModel):
 
     def __init__(self, config: VLBertHFConfig):
         super().__init__(config)
-        cfg = config.vl_bert_config()
-        # the detector's weights file is for a fresh model only: an export holds the trained detector
-        cfg = dataclasses.replace(cfg, fast_rcnn=dataclasses.replace(cfg.fast_rcnn, weights=None)) \
-            if cfg.region_input == "pixels" else cfg
-        inner = VLBertForPretraining(cfg)
+        inner = VLBertForPretraining(config.vl_bert_config())
         self.vl_bert = inner.vl_bert
         self.mlm_head = inner.mlm_head
         self.masked_roi_classification = inner.masked_roi_classification

@@ -173,10 +173,9 @@ def main(argv: list[str] | None = None) -> int:
                             mask_id=model_cfg.mask_token_id, pad_id=model_cfg.pad_token_id,
                             num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank,
                             pixel_mean=model_cfg.fast_rcnn.pixel_mean,
-                            region_word_ids=[name[0] for names in (model_cfg.region_class_words[1:] if
-                                                                   model_cfg.region_class_words else [],
-                                                                   model_cfg.region_attribute_words or [])
-                                             for name in names])
+                            # class 0 is the background: no caption word names it
+                            region_word_ids=[name[0] for name in (model_cfg.region_class_words or [])[1:]
+                                             + (model_cfg.region_attribute_words or [])])
     loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
     module = VLBertPretraining(model, cfg.losses)
     evaluate = None
