@@ -150,6 +150,9 @@ class FastRCNNConfig:
     # slowly). Both keep weight/bias/running_mean/running_var, so a "batch" warm-up loads as "frozen".
     norm: str = "frozen"
     roi_output_size: int = 14  # RoIAlign output, before res5 halves it to 7x7
+    # 16: C4 as in Faster R-CNN. 8: res4 keeps res3's resolution (its first block's stride 2 -> 1, the same
+    # weights), for small objects: the demo's median object is ~32 px, 2 cells at stride 16 (docs/ABLATION.md)
+    feature_stride: int = 16
     pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # images are normalised with these;
     pixel_std: tuple[float, float, float] = (0.229, 0.224, 0.225)  # masked pixels are 0 after it
     # NHWC convolutions: faster on GPUs with tensor cores, and with oneDNN on CPU (backbone forward + backward

@@ -1,9 +1,9 @@
 """The Fast R-CNN that turns pixels and boxes into region features, trained end to end with VL-BERT.
 
-A torchvision ResNet split as in Faster R-CNN C4: stem..layer3 is the backbone (stride 16), RoIAlign
-(14x14, scale 1/16, aligned) crops each box plus one box covering the whole image, and layer4 is the
-box head, average-pooled into the appearance feature (2048-d for ResNet-50/101). BatchNorm is frozen
-(`FrozenBatchNorm2d`); the stem can be frozen; everything else trains.
+A torchvision ResNet split as in Faster R-CNN C4: stem..layer3 is the backbone (stride 16, or 8 with
+`feature_stride`), RoIAlign (14x14, scale 1/stride, aligned) crops each box plus one box covering the
+whole image, and layer4 is the box head, average-pooled into the appearance feature (2048-d for
+ResNet-50/101). BatchNorm is frozen (`FrozenBatchNorm2d`); the stem can be frozen; everything else trains.
 
 Masked RoI classification hides a region from the whole model by zeroing its pixels *before* the
 backbone runs, on the normalised image (so a masked pixel is the mean colour), as the official code
@@ -78,6 +78,14 @@ class FastRCNN(nn.Module):
         super().__init__()
         self.cfg = cfg
         resnet = _resnet(cfg.backbone, cfg.norm)
+        if cfg.feature_stride not in (8, 16):
+            raise ValueError(f"fast_rcnn.feature_stride: {cfg.feature_stride} is not 8 or 16")
+        if cfg.feature_stride == 8:
+            # no dilation: res4 sees a smaller context, which small objects do not miss, and torchvision's
+            # BasicBlock (ResNet-18/34) has none; strides are not weights, so any C4 checkpoint still loads
+            for module in resnet.layer3[0].modules():
+                if isinstance(module, nn.Conv2d) and module.stride == (2, 2):
+                    module.stride = (1, 1)
         self.backbone = nn.Sequential()  # names follow torchvision's so weights map one to one
         for name in ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3"):
             self.backbone.add_module(name, getattr(resnet, name))
@@ -172,14 +180,14 @@ class FastRCNN(nn.Module):
         x = self.normalise(images.contiguous(memory_format=layout), image_sizes, boxes, masked_regions & box_mask)
         # DeepSpeed bf16/fp16 casts the weights, not the inputs; under autocast the weights stay fp32
         x = x.to(self.object_classifier.weight.dtype).contiguous(memory_format=layout)
-        features = self.backbone(x)  # [B, C4, H/16, W/16]
+        features = self.backbone(x)  # [B, C4, H/stride, W/stride]
         all_boxes = with_whole_image(boxes, image_sizes)  # [B, 1+N, 4]
         index = torch.arange(b, device=boxes.device, dtype=boxes.dtype).view(b, 1, 1).expand(b, n + 1, 1)
         # RoIAlign in fp32, as torchvision's autocast rule does: bf16 box corners would be off by up to
         # 4 px at 1000 px, and the CPU kernel has no bf16 version
         rois = torch.cat([index, all_boxes], -1).reshape(-1, 5).float()
-        crops = roi_align(features.float(), rois, self.cfg.roi_output_size, spatial_scale=1 / 16, sampling_ratio=0,
-                          aligned=True).to(features.dtype)  # [B*(1+N), C4, 14, 14]
+        crops = roi_align(features.float(), rois, self.cfg.roi_output_size, spatial_scale=1 / self.cfg.feature_stride,
+                          sampling_ratio=0, aligned=True).to(features.dtype)  # [B*(1+N), C4, 14, 14]
         appearance = self.box_head(crops).mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
         out = {"appearance": appearance, "boxes": all_boxes}
         if class_logits:

@@ -52,6 +52,31 @@ def test_region_features_are_res5_on_roialign_crops():
     assert out["boxes"][0, 0].tolist() == [0, 0, 80, 64]  # the whole-image box comes first
 
 
+def test_feature_stride_8_is_res4_without_its_downsampling():
+    """Same weights as stride 16; res4's first convolutions at stride 1 give what the stride-2 ones give at
+    every other position, the C4 map is twice as fine, and RoIAlign samples it at scale 1/8."""
+    torch.manual_seed(0)
+    coarse = FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5)).eval()
+    fine = FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5, feature_stride=8)).eval()
+    fine.load_state_dict(coarse.state_dict())
+    images = torch.randint(0, 256, (1, 3, 64, 80), dtype=torch.uint8)
+    boxes = torch.tensor([[[8.0, 4.0, 40.0, 50.0]]])
+    with torch.no_grad():
+        x = fine.normalise(images, torch.tensor([[64, 80]]))
+        c3 = fine.backbone[:-1](x)  # stem..res3, stride 8
+        block = fine.backbone.layer3[0]
+        torch.testing.assert_close(block.conv1(c3)[..., ::2, ::2], coarse.backbone.layer3[0].conv1(c3))
+        torch.testing.assert_close(block.downsample(c3)[..., ::2, ::2], coarse.backbone.layer3[0].downsample(c3))
+        c4 = fine.backbone(x)
+        assert c4.shape[-2:] == (8, 10) and coarse.backbone(x).shape[-2:] == (4, 5)
+        out = fine(images, torch.tensor([[64, 80]]), boxes, torch.ones(1, 1, dtype=torch.bool))
+        rois = torch.tensor([[0, 0, 0, 80, 64], [0, 8.0, 4.0, 40.0, 50.0]])
+        crops = roi_align(c4, rois, 14, spatial_scale=1 / 8, sampling_ratio=0, aligned=True)
+    torch.testing.assert_close(out["appearance"][0], fine.box_head(crops).mean((2, 3)), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="feature_stride"):
+        FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5, feature_stride=4))
+
+
 def test_a_batch_norm_warm_up_loads_as_frozen_statistics(tmp_path):
     """A from-scratch backbone trains with batch norm (norm: batch); its exported statistics and affine
     parameters load into the frozen-BN detector, which then computes what the warm-up's eval mode did."""
