@@ -85,17 +85,18 @@ def _polygon(category: str, box: tuple[float, float, float, float]) -> list[tupl
     return None
 
 
-def _draw_object(draw: ImageDraw.ImageDraw, obj: ShapeObject) -> None:
+def _draw_object(draw: ImageDraw.ImageDraw, obj: ShapeObject, ink=None) -> None:
+    """Draws obj; with `ink`, every pixel it covers in that one colour (its silhouette)."""
     x1, y1, x2, y2 = obj.box
     if obj.covered:
         # A grey cloth with folds: same box, no colour and no outline of the shape beneath.
-        draw.rounded_rectangle(obj.box, radius=(x2 - x1) / 6, fill=(128, 128, 128), outline=(90, 90, 90))
+        draw.rounded_rectangle(obj.box, radius=(x2 - x1) / 6, fill=ink or (128, 128, 128), outline=ink or (90, 90, 90))
         for k in range(1, 4):
             x = x1 + (x2 - x1) * k / 4
-            draw.line([(x, y1 + 2), (x, y2 - 2)], fill=(105, 105, 105), width=1)
+            draw.line([(x, y1 + 2), (x, y2 - 2)], fill=ink or (105, 105, 105), width=1)
         return
-    fill = COLOURS[obj.colour]
-    outline = tuple(int(c * 0.6) for c in fill)
+    fill = ink or COLOURS[obj.colour]
+    outline = ink or tuple(int(c * 0.6) for c in fill)
     if obj.category == "circle":
         draw.ellipse(obj.box, fill=fill, outline=outline, width=2)
     elif obj.category == "square":
@@ -139,6 +140,23 @@ def render(scene: Scene, rng: random.Random) -> Image.Image:
     for obj in scene.objects:  # later objects occlude earlier ones
         _draw_object(draw, obj)
     return image
+
+
+def visible_fractions(scene: Scene) -> list[float]:
+    """Per object, the fraction of its drawn pixels that no later object draws over (1: in full view, 0:
+    hidden): what of it an image shows, however good the detector."""
+    seen = Image.new("I", (scene.width, scene.height), -1)  # the index of the last object drawn at each pixel
+    area = []
+    for k, obj in enumerate(scene.objects):
+        silhouette = Image.new("1", (scene.width, scene.height), 0)
+        _draw_object(ImageDraw.Draw(silhouette), obj, ink=1)
+        area.append(sum(silhouette.getdata()))
+        seen.paste(k, mask=silhouette)
+    counts = [0] * len(scene.objects)
+    for k in seen.getdata():
+        if k >= 0:
+            counts[k] += 1
+    return [c / a if a else 0.0 for c, a in zip(counts, area)]
 
 
 def relation(a: ShapeObject, b: ShapeObject) -> str:

@@ -68,6 +68,19 @@ def test_relations_match_geometry():
     assert sw.relation(a, c) == "above" and sw.relation(c, a) == "below"
 
 
+def test_visible_fractions_by_hand():
+    """Squares cover every pixel from x1 to x2 inclusive: 41 x 41. The second hides columns 30..50 of the
+    first (21 of 41); a cloth over an object hides it like any other object."""
+    scene = sw.Scene(100, 100, (230, 230, 230), [
+        sw.ShapeObject("square", "red", "large", (10, 10, 50, 50)),
+        sw.ShapeObject("square", "blue", "large", (30, 10, 70, 50)),
+        sw.ShapeObject("circle", "red", "small", (80, 80, 95, 95)),
+        sw.ShapeObject("square", "red", "small", (80, 80, 95, 95), covered=True)])
+    fractions = sw.visible_fractions(scene)
+    assert fractions[0] == pytest.approx(20 / 41) and fractions[1] == 1.0 and fractions[3] == 1.0
+    assert fractions[2] == 0.0  # the cloth's rounded corners lie outside the circle
+
+
 def test_prose_is_long_and_complex():
     rng = random.Random(1)
     paragraph = sw.prose_paragraph(rng)
