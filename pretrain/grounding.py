@@ -7,7 +7,7 @@ Data: the held-out split in Flickr30k Entities' format (as `pretrain.ablation`),
 Two measurements, each with a 95% interval from a bootstrap that resamples images (the sentences, words
 and regions of one image are not independent):
 
-- Masked-word accuracy per word category (colour, shape, size, relation, number; `CATEGORIES`): every
+- Masked-word accuracy per word category (colour, shape, covered_shape, size, relation, number; `CATEGORIES`): every
   word of a category in every sentence is masked alone (all its word-pieces -> [MASK]) and counts as
   right when the MLM head's argmax gives back every piece. Once with the image (`image`) and once with
   every region and the whole image replaced by the dataset-average feature (`ablated`: the cross-modal
@@ -51,6 +51,11 @@ from .masking import grey_of, grey_resampling_rings
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "colour": tuple(COLOURS),
     "shape": tuple(SHAPES),
+    # a shape word right after "covered" names an object drawn under the grey cloth: its shape is not in the
+    # image (shards.shapes_world), so no model can read it there. Scored apart, it keeps "shape" a test of
+    # vision (in the shapes world 16% of shape words are these; with them, a model that reads every visible
+    # shape right would score ~0.88)
+    "covered_shape": tuple(SHAPES),
     "size": tuple(SIZES),
     "relation": ("left", "right", "above", "below"),
     "number": tuple(NUMBER_WORDS),
@@ -64,10 +69,13 @@ class GroundingConfig(HeldOutConfig):
     max_images: int | None = None  # the first N images of the split (None = all)
 
 
-def word_category(word: str) -> str | None:
-    w = word.lower()
-    for name, words in CATEGORIES.items():
-        if w in words:
+def word_category(words: list[str], index: int) -> str | None:
+    """The category of words[index] in its sentence (None: not scored)."""
+    w = words[index].lower()
+    for name, vocab in CATEGORIES.items():
+        if name != "covered_shape" and w in vocab:
+            if name == "shape" and index > 0 and words[index - 1].lower() == "covered":
+                return "covered_shape"
             return name
     return None
 
@@ -123,7 +131,8 @@ class GroundingData:
                     gold = ann.boxes.get(phrase.chain)
                     if gold is not None and len(gold) == 1:  # one object (a chain over every shape names none)
                         named |= box_iou(region_boxes, gold.float()).squeeze(-1) > 0.5
-                cats = [(i, c) for i, w in enumerate(sentence.words) if (c := word_category(w)) is not None]
+                cats = [(i, c) for i in range(len(sentence.words))
+                        if (c := word_category(sentence.words, i)) is not None]
                 sentences.append(_Sentence(torch.tensor(enc["input_ids"]), enc.word_ids(), cats, named))
             self.images.append(_Image(image_id, region_boxes, torch.from_numpy(entry.classes[keep]).long(),
                                       sentences))

@@ -34,9 +34,11 @@ def test_clustered_interval_is_wider_than_an_iid_one_for_correlated_examples():
 
 
 def test_word_categories():
-    assert word_category("Red") == "colour" and word_category("hexagon") == "shape"
-    assert word_category("large") == "size" and word_category("left") == "relation"
-    assert word_category("three") == "number" and word_category("of") is None
+    words = "three shapes including a large Red hexagon left of a small covered star".split()
+    cats = {w: word_category(words, i) for i, w in enumerate(words)}
+    assert cats == {"three": "number", "shapes": None, "including": None, "a": None, "large": "size", "Red": "colour",
+                    "hexagon": "shape", "left": "relation", "of": None, "small": "size", "covered": None,
+                    "star": "covered_shape"}  # under the cloth: its shape is not in the image
     assert len(CATEGORIES["colour"]) == 6 and len(CATEGORIES["shape"]) == 8
 
 
