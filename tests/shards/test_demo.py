@@ -81,6 +81,22 @@ def test_visible_fractions_by_hand():
     assert fractions[2] == 0.0  # the cloth's rounded corners lie outside the circle
 
 
+def test_captions_name_only_objects_at_least_half_in_view():
+    """The same scenes captioned with and without the rule: with it no named object is mostly hidden, without
+    it some are (so the rule is what holds), and the draws without it are those of older corpora."""
+    rng = random.Random(3)
+    scenes = [sw.sample_scene(rng) for _ in range(200)]
+    hidden_named = {0.5: 0, 0.0: 0}
+    for min_visible in hidden_named:
+        rng = random.Random(4)
+        for scene in scenes:
+            fractions = sw.visible_fractions(scene)
+            _, named = sw.caption(scene, rng, min_visible=min_visible)
+            hidden_named[min_visible] += sum(fractions[k] < 0.5 for k in named)
+    assert hidden_named[0.5] == 0 and hidden_named[0.0] > 10
+    assert sw.CAPTION_MIN_VISIBLE == 0.5
+
+
 def test_prose_is_long_and_complex():
     rng = random.Random(1)
     paragraph = sw.prose_paragraph(rng)
