@@ -13,6 +13,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 CATEGORIES = ["circle", "square", "triangle", "star", "diamond", "hexagon", "cross", "heart"]
@@ -145,8 +146,6 @@ def render(scene: Scene, rng: random.Random) -> Image.Image:
 def visible_fractions(scene: Scene) -> list[float]:
     """Per object, the fraction of its drawn pixels that no later object draws over (1: in full view, 0:
     hidden): what of it an image shows, however good the detector."""
-    import numpy as np
-
     seen = np.full((scene.height, scene.width), -1)  # the index of the last object drawn at each pixel
     area = []
     for k, obj in enumerate(scene.objects):

@@ -144,40 +144,40 @@ groups = {"detector right (class and colour)": has_ref & class_ok & colour_ok,
           "class right, colour wrong": has_ref & class_ok & ~colour_ok,
           "class wrong": has_ref & ~class_ok,
           "no single referent": ~has_ref}
-result = {"export": path, "images": len(ev.data), "groups": {}}
-lines = [f"### {path}: held-out masked-word accuracy by whether the detector names the referent right", "",
-         "| category | referent | words | with image | ablated |", "|---|---|---|---|---|"]
-for cat in ("colour", "shape"):
+result = {"export": path, "images": len(ev.data), "groups": {}, "visibility": {}}
+
+
+def split(section: str, cat: str, masks: dict[str, np.ndarray]) -> list[str]:
+    """Accuracy with the image and ablated, with intervals, for the category's words under each mask: into
+    result[section], and as table rows."""
     sel_cat = values["category"] == cat
-    for label, sel in groups.items():
+    rows = []
+    for label, sel in masks.items():
         s = sel_cat & sel
         if not s.any():
             continue
         img = clustered_bootstrap(values["image"][s], values["cluster"][s], **boot)
         abl = clustered_bootstrap(values["ablated"][s], values["cluster"][s], **boot)
-        result["groups"][f"{cat}/{label}"] = {"n": int(s.sum()), "image": img, "ablated": abl}
-        lines.append(f"| {cat} | {label} | {int(s.sum())} | {img['mean']:.3f} [{img['ci95'][0]:.3f}, "
-                     f"{img['ci95'][1]:.3f}] | {abl['mean']:.3f} |")
-    referent = sel_cat & has_ref
+        share = float(s.sum() / sel_cat.sum())
+        result[section][f"{cat}/{label}"] = {"n": int(s.sum()), "image": img, "ablated": abl, "share": share}
+        rows.append(f"| {cat} | {label} | {int(s.sum())} ({share:.0%}) | {img['mean']:.3f} [{img['ci95'][0]:.3f}, "
+                    f"{img['ci95'][1]:.3f}] | {abl['mean']:.3f} |")
+    return rows
+
+
+lines = [f"### {path}: held-out masked-word accuracy by whether the detector names the referent right", "",
+         "| category | referent | words | with image | ablated |", "|---|---|---|---|---|"]
+for cat in ("colour", "shape"):
+    lines += split("groups", cat, groups)
+    referent = (values["category"] == cat) & has_ref
     result[f"{cat}/detector_right_fraction"] = float((class_ok & colour_ok)[referent].mean())
     lines.append(f"| {cat} | share of referents named right | {int(referent.sum())} | "
                  f"{(class_ok & colour_ok)[referent].mean():.3f} | |")
 lines += ["", "| category | referent's visible fraction | words | with image | ablated |", "|---|---|---|---|---|"]
-result["visibility"] = {}
 bins = {"in full view (>= 0.95)": visible >= 0.95, "partly hidden (0.5-0.95)": (visible >= 0.5) & (visible < 0.95),
         "mostly hidden (< 0.5)": visible < 0.5, "seen at least half (>= 0.5)": visible >= 0.5}
 for cat in ("colour", "shape", "covered_shape"):
-    sel_cat = values["category"] == cat
-    for label, sel in bins.items():
-        s = sel_cat & sel
-        if not s.any():
-            continue
-        img = clustered_bootstrap(values["image"][s], values["cluster"][s], **boot)
-        abl = clustered_bootstrap(values["ablated"][s], values["cluster"][s], **boot)
-        result["visibility"][f"{cat}/{label}"] = {"n": int(s.sum()), "image": img, "ablated": abl,
-                                                  "share": float(s.sum() / sel_cat.sum())}
-        lines.append(f"| {cat} | {label} | {int(s.sum())} ({s.sum() / sel_cat.sum():.0%}) | {img['mean']:.3f} "
-                     f"[{img['ci95'][0]:.3f}, {img['ci95'][1]:.3f}] | {abl['mean']:.3f} |")
+    lines += split("visibility", cat, bins)
 print("\n".join(lines))
 if out_path:
     Path(out_path).write_text(json.dumps(result, indent=1, default=float))
