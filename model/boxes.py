@@ -35,9 +35,10 @@ def box_iot(regions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.where(target_area > 0, inter / target_area.clamp(min=1e-12), torch.zeros_like(inter))
 
 
-def with_whole_image(boxes: torch.Tensor, image_hw: torch.Tensor) -> torch.Tensor:
-    """[B, N, 4] pixel boxes, [B, 2] (h, w) -> [B, 1+N, 4] with the whole-image box (0, 0, w, h) first."""
-    wh = image_hw.flip(-1).to(boxes.dtype)
+def with_whole_image(boxes: torch.Tensor, image_hw: torch.Tensor, inclusive: bool = False) -> torch.Tensor:
+    """[B, N, 4] pixel boxes, [B, 2] (h, w) -> [B, 1+N, 4] with the whole-image box (0, 0, w, h) first
+    ((0, 0, w-1, h-1) when corners are inclusive pixel indices, detectron's legacy convention)."""
+    wh = image_hw.flip(-1).to(boxes.dtype) - (1 if inclusive else 0)
     return torch.cat([torch.cat([torch.zeros_like(wh), wh], -1).unsqueeze(1), boxes], 1)
 
 

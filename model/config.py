@@ -153,6 +153,17 @@ class FastRCNNConfig:
     # 16: C4 as in Faster R-CNN. 8: res4 keeps res3's resolution (its first block's stride 2 -> 1, the same
     # weights), for small objects: the demo's median object is ~32 px, 2 cells at stride 16 (docs/ABLATION.md)
     feature_stride: int = 16
+    # Conventions of other C4 detectors, for imported weights (`model.import_official`; defaults: torchvision's).
+    # stride_in_1x1: a strided Bottleneck strides in its first 1x1 conv, not its 3x3 (Caffe/detectron's MSRA
+    # ResNets, the official VL-BERT). res5_dilation 2: res5 keeps stride 1 and dilates its 3x3 convs, so a 14x14
+    # RoI stays 14x14 (the official IMAGE_C5_DILATED). box_convention "inclusive": box corners are pixel
+    # indices (x2 is the last pixel in, detectron's legacy): the whole image is (0, 0, w-1, h-1) and RoIAlign
+    # samples without the half-pixel offset (aligned=False). roi_sampling_ratio: RoIAlign samples per bin
+    # side (0 = adaptive, torchvision's default; the official ROIAlign uses 1).
+    stride_in_1x1: bool = False
+    res5_dilation: int = 1
+    box_convention: str = "continuous"
+    roi_sampling_ratio: int = 0
     pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # images are normalised with these;
     pixel_std: tuple[float, float, float] = (0.229, 0.224, 0.225)  # masked pixels are 0 after it
     # NHWC convolutions: faster on GPUs with tensor cores, and with oneDNN on CPU (backbone forward + backward
@@ -223,6 +234,15 @@ class VLBertConfig:
     region_input: str = "pixels"
     fast_rcnn: FastRCNNConfig = field(default_factory=FastRCNNConfig)
     gradient_checkpointing: bool = False  # recompute each layer in backward: memory for compute
+    # Conventions of the official VL-BERT code, for imported weights (`model.import_official`; defaults: ours).
+    # visual_tokens "learned": a region's token is a learned embedding (the official object linguistic
+    # embedding), not the [IMG] word, and [END] is a learned embedding with no visual term, ending text-only
+    # samples too. geometry_boxes "center_size": the geometry embedding encodes (x centre, y centre, width,
+    # height) / image size rather than the corners. mrc_head_norm false: the masked RoI head's transform has
+    # no LayerNorm (the official MVRC head: dense + activation).
+    visual_tokens: str = "vocab"
+    geometry_boxes: str = "corners"
+    mrc_head_norm: bool = True
 
     @property
     def head_dim(self) -> int:

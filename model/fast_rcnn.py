@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torchvision
 from torch import nn
+from torchvision.models.resnet import Bottleneck
 from torchvision.ops import FrozenBatchNorm2d, roi_align
 
 from .boxes import with_whole_image
@@ -80,6 +81,25 @@ class FastRCNN(nn.Module):
         resnet = _resnet(cfg.backbone, cfg.norm)
         if cfg.feature_stride not in (8, 16):
             raise ValueError(f"fast_rcnn.feature_stride: {cfg.feature_stride} is not 8 or 16")
+        if cfg.res5_dilation not in (1, 2):
+            raise ValueError(f"fast_rcnn.res5_dilation: {cfg.res5_dilation} is not 1 or 2")
+        if cfg.box_convention not in ("continuous", "inclusive"):
+            raise ValueError(f"fast_rcnn.box_convention: '{cfg.box_convention}' is not continuous or inclusive")
+        if cfg.roi_sampling_ratio < 0:
+            raise ValueError(f"fast_rcnn.roi_sampling_ratio: {cfg.roi_sampling_ratio} is negative")
+        if (cfg.stride_in_1x1 or cfg.res5_dilation != 1) and not isinstance(resnet.layer4[0], Bottleneck):
+            raise ValueError(f"fast_rcnn.stride_in_1x1 / res5_dilation: {cfg.backbone} has no Bottleneck blocks "
+                             "(resnet50/101/152 have)")
+        if cfg.stride_in_1x1:  # the same weights, strided one conv earlier
+            for layer in (resnet.layer2, resnet.layer3, resnet.layer4):
+                if layer[0].conv2.stride == (2, 2):
+                    layer[0].conv1.stride, layer[0].conv2.stride = (2, 2), (1, 1)
+        if cfg.res5_dilation == 2:
+            for i, block in enumerate(resnet.layer4):
+                block.conv2.dilation, block.conv2.padding = (2, 2), (2, 2)
+                if i == 0:
+                    block.conv1.stride, block.conv2.stride = (1, 1), (1, 1)
+                    block.downsample[0].stride = (1, 1)
         if cfg.feature_stride == 8:
             # no dilation: res4 sees a smaller context, which small objects do not miss, and torchvision's
             # BasicBlock (ResNet-18/34) has none; strides are not weights, so any C4 checkpoint still loads
@@ -159,6 +179,8 @@ class FastRCNN(nn.Module):
         if boxes is None:
             boxes = x.new_zeros(b, 0, 4)
             masked = torch.zeros(b, 0, dtype=torch.bool, device=x.device)
+        if self.cfg.box_convention == "inclusive":  # x2, y2 are the last pixels in: the box covers them
+            boxes = boxes + boxes.new_tensor([0.0, 0.0, 1.0, 1.0])
         hide = pixel_mask(boxes, masked, image_sizes, h, w)
         return x.masked_fill(hide.unsqueeze(1), 0.0)
 
@@ -181,13 +203,15 @@ class FastRCNN(nn.Module):
         # DeepSpeed bf16/fp16 casts the weights, not the inputs; under autocast the weights stay fp32
         x = x.to(self.object_classifier.weight.dtype).contiguous(memory_format=layout)
         features = self.backbone(x)  # [B, C4, H/stride, W/stride]
-        all_boxes = with_whole_image(boxes, image_sizes)  # [B, 1+N, 4]
+        inclusive = self.cfg.box_convention == "inclusive"
+        all_boxes = with_whole_image(boxes, image_sizes, inclusive=inclusive)  # [B, 1+N, 4]
         index = torch.arange(b, device=boxes.device, dtype=boxes.dtype).view(b, 1, 1).expand(b, n + 1, 1)
         # RoIAlign in fp32, as torchvision's autocast rule does: bf16 box corners would be off by up to
         # 4 px at 1000 px, and the CPU kernel has no bf16 version
         rois = torch.cat([index, all_boxes], -1).reshape(-1, 5).float()
         crops = roi_align(features.float(), rois, self.cfg.roi_output_size, spatial_scale=1 / self.cfg.feature_stride,
-                          sampling_ratio=0, aligned=True).to(features.dtype)  # [B*(1+N), C4, 14, 14]
+                          sampling_ratio=self.cfg.roi_sampling_ratio, aligned=not inclusive
+                          ).to(features.dtype)  # [B*(1+N), C4, 14, 14]
         appearance = self.box_head(crops).mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
         out = {"appearance": appearance, "boxes": all_boxes}
         if class_logits:

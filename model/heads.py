@@ -11,10 +11,11 @@ from .config import VLBertConfig
 
 
 class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, cfg: VLBertConfig):
+    def __init__(self, cfg: VLBertConfig, norm: bool = True):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        # the official MVRC head has no LayerNorm (VLBertConfig.mrc_head_norm)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if norm else nn.Identity()
 
     def forward(self, x):
         return self.LayerNorm(F.gelu(self.dense(x)))
@@ -108,8 +109,9 @@ class MaskedLanguageModelingHead(nn.Module):
         t = self.transform
         t.dense.weight.copy_(torch.eye(t.dense.weight.shape[0], dtype=t.dense.weight.dtype))
         t.dense.bias.zero_()
-        t.LayerNorm.weight.fill_(1.0)
-        t.LayerNorm.bias.zero_()
+        if isinstance(t.LayerNorm, nn.LayerNorm):
+            t.LayerNorm.weight.fill_(1.0)
+            t.LayerNorm.bias.zero_()
         self.bias.zero_()
 
     def forward(self, hidden: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
@@ -123,7 +125,7 @@ class MaskedRoIClassificationHead(nn.Module):
 
     def __init__(self, cfg: VLBertConfig):
         super().__init__()
-        self.transform = BertPredictionHeadTransform(cfg)
+        self.transform = BertPredictionHeadTransform(cfg, norm=cfg.mrc_head_norm)
         self.classifier = nn.Linear(cfg.hidden_size, cfg.fast_rcnn.num_classes)
 
     @torch.no_grad()

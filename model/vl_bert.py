@@ -140,6 +140,13 @@ class VLBertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
         self.roi_mask_embedding = nn.Parameter(torch.zeros(h))  # replaces [IMG] for masked regions
+        if cfg.visual_tokens not in ("vocab", "learned"):
+            raise ValueError(f"visual_tokens: '{cfg.visual_tokens}' is not 'vocab' or 'learned'")
+        if cfg.geometry_boxes not in ("corners", "center_size"):
+            raise ValueError(f"geometry_boxes: '{cfg.geometry_boxes}' is not 'corners' or 'center_size'")
+        if cfg.visual_tokens == "learned":  # the official object linguistic embedding and end embedding
+            self.object_token_embedding = nn.Parameter(torch.zeros(h))
+            self.end_token_embedding = nn.Parameter(torch.zeros(h))
         if cfg.visual_embedding == "vlbert":
             self.visual_feature_embedding: nn.Module = nn.Identity()  # set by VLBert once F is known
             self.appearance_standardiser: AppearanceStandardiser | None = None
@@ -194,6 +201,9 @@ class VLBertEmbeddings(nn.Module):
                 valid = torch.ones(appearance.shape[:2], dtype=torch.bool, device=appearance.device)
             appearance = torch.cat([self.whole_image_standardiser(appearance[:, :1], valid[:, :1]),
                                     self.appearance_standardiser(appearance[:, 1:], valid[:, 1:])], 1)
+        if self.cfg.geometry_boxes == "center_size":
+            corner1, corner2 = boxes_normalised[..., :2], boxes_normalised[..., 2:]
+            boxes_normalised = torch.cat([(corner1 + corner2) / 2, corner2 - corner1], -1)
         geometry = geometry_embedding(boxes_normalised, self.cfg.geometry_size).to(appearance.dtype)
         return self.visual_feature_embedding(torch.cat([appearance, geometry], -1))
 
@@ -325,6 +335,9 @@ class VLBert(nn.Module):
             nn.init.zeros_(module.bias)
         elif isinstance(module, VLBertEmbeddings):
             nn.init.normal_(module.roi_mask_embedding, std=std)
+            for name in ("object_token_embedding", "end_token_embedding"):
+                if hasattr(module, name):
+                    nn.init.normal_(getattr(module, name), std=std)
             if hasattr(module, "text_only_visual_embedding"):
                 nn.init.normal_(module.text_only_visual_embedding, std=std)
 
@@ -413,9 +426,15 @@ class VLBert(nn.Module):
         region_logits = None
         if cfg.visual_embedding == "linear":
             raise ValueError("visual_embedding='linear' (BERT-gen) builds its own sequence: use embed_regions_linear")
+        learned = cfg.visual_tokens == "learned"
+        segment_c = emb.token_type_embeddings.weight[SEGMENT_C]
+        text_len = text_mask.sum(1, keepdim=True)  # [B, 1]: regions share the position after the text
         if not has_image:
             text = text + emb.text_visual_term(emb.text_only_visual_embedding)  # shared by every word
             x, mask, n_regions = text, text_mask, 0
+            if learned:  # the official sequence ends every sample with [END], text-only ones too
+                end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c
+                x, mask = torch.cat([text, end], 1), torch.cat([text_mask, torch.ones_like(text_mask[:, :1])], 1)
         else:
             if masked_regions is None:
                 masked_regions = torch.zeros_like(box_mask)
@@ -441,7 +460,8 @@ class VLBert(nn.Module):
             if n_regions != n_visual:
                 raise ValueError(f"{n_regions - 1} region features for {n_visual - 1} boxes")
             is_masked = torch.cat([~whole, masked_regions & box_mask], 1)
-            token = words[:, t:-1]  # [B, 1+N, hidden]: [IMG]
+            token = emb.object_token_embedding.expand_as(words[:, t:-1]) if learned else \
+                words[:, t:-1]  # [B, 1+N, hidden]: [IMG]
             if self.region_words:
                 if self.fast_rcnn is None:
                     raise ValueError("region word embeddings need the Fast R-CNN's classifiers: load the model "
@@ -457,11 +477,13 @@ class VLBert(nn.Module):
                 if cfg.region_word_alignment is not None:  # a masked region names nothing: no word aligns to it
                     text = text + emb.aligned_region_words(words[:, :t], terms, is_object & ~is_masked)
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)
-            text_len = text_mask.sum(1, keepdim=True)  # [B, 1]: regions share the position after the text
             region_pos = emb.position_embeddings(text_len).expand(bsz, n_regions, -1)
-            segment_c = emb.token_type_embeddings.weight[SEGMENT_C]
             regions = token + emb.object_visual_term(visual) + region_pos + segment_c
-            end = words[:, -1:] + emb.position_embeddings(text_len + 1) + segment_c + whole_image_term  # [B, 1, hidden]
+            if learned:  # the official [END] takes no visual feature
+                end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c
+            else:
+                end = words[:, -1:] + emb.position_embeddings(text_len + 1) + segment_c + whole_image_term
+            # end: [B, 1, hidden]
             x = torch.cat([text, regions, end], 1)
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
