@@ -1,6 +1,7 @@
 """VQA v2 finetuning (VL-BERT section 4.2.2, Figure 2b, appendix A.2).
 
     python -m finetune.vqa --config launch/configs/vqa_demo.yaml [--resume | --eval-only] [key=value ...]
+    python -m finetune.vqa score --results results.json --questions Q.json --annotations A.json [--legacy]
     bash launch/finetune_vqa.sh                         # the demo, end to end
 
 Reads the official files as distributed: `v2_OpenEnded_mscoco_<split>_questions.json` and
@@ -94,17 +95,27 @@ def normalise_answer(text: str) -> str:
     return process_digit_article(process_punctuation(text.replace("\n", " ").replace("\t", " ").strip()))
 
 
-def vqa_accuracy(prediction: str, answers: list[str]) -> float:
+def vqa_accuracy(prediction: str, answers: list[str], legacy: bool = False) -> float:
     """The official accuracy of one prediction against the 10 human answers: the mean over the 10
     leave-one-out subsets of min(1, matches / 3). As in vqaEval.py (GT-Vision-Lab/VQA, the version the
-    evaluation server runs, "Fixed processing answers bug"): when the humans disagree, the answers and the
-    prediction are both normalised in full (punctuation, then digits/articles/contractions); when they
-    all agree, nothing is normalised beyond newlines, tabs and outer spaces."""
-    gts = [a.replace("\n", " ").replace("\t", " ").strip() for a in answers]
-    pred = prediction.replace("\n", " ").replace("\t", " ").strip()
-    if len(set(gts)) > 1:
-        gts = [process_digit_article(process_punctuation(a)) for a in gts]
-        pred = process_digit_article(process_punctuation(pred))
+    evaluation server runs, "Fixed processing answers bug", March 2021): when the humans disagree, the answers
+    and the prediction are both normalised in full (punctuation, then digits/articles/contractions); when they
+    all agree, nothing is normalised beyond newlines, tabs and outer spaces.
+
+    legacy: the 2015-2020 vqaEval.py (the numbers of papers of that time, VL-BERT's included): the prediction
+    is always normalised in full; the human answers, only when they disagree and only for punctuation (and
+    their newlines and tabs are kept)."""
+    if legacy:
+        pred = normalise_answer(prediction)
+        gts = list(answers)
+        if len(set(gts)) > 1:
+            gts = [process_punctuation(a) for a in gts]
+    else:
+        gts = [a.replace("\n", " ").replace("\t", " ").strip() for a in answers]
+        pred = prediction.replace("\n", " ").replace("\t", " ").strip()
+        if len(set(gts)) > 1:
+            gts = [process_digit_article(process_punctuation(a)) for a in gts]
+            pred = process_digit_article(process_punctuation(pred))
     matches = [a == pred for a in gts]
     total = sum(matches)
     return sum(min(1.0, (total - m) / 3) for m in matches) / len(gts)
@@ -404,6 +415,11 @@ def accuracy_table(questions: list[VQAQuestion], scores: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["score"]:  # python -m finetune.vqa score ...: finetune.vqa_score, which imports this module
+        from .vqa_score import main as score_main
+
+        return score_main(argv[1:])
     return finetune_main(VQATask, argv)
 
 

@@ -58,9 +58,10 @@ def test_vqa_accuracy_hand_computed():
     assert vqa_accuracy("a dog.", ["Dog"] * 2 + ["the dog"] + ["cat"] * 7) == pytest.approx(0.9)
 
 
-def _official_vqa_eval(prediction: str, answers: list[str]) -> float:
+def _official_vqa_eval(prediction: str, answers: list[str], legacy: bool = False) -> float:
     """vqaEval.py's loop for one question, transcribed statement by statement (answers as dicts with their
-    answer_id, leave-one-out by dict inequality), on its own processPunctuation/processDigitArticle."""
+    answer_id, leave-one-out by dict inequality), on its own processPunctuation/processDigitArticle; legacy:
+    the loop as it was before commit a013f00 ("Fixed processing answers bug", March 2021)."""
     import re
 
     contractions = {"dont": "don't", "isnt": "isn't", "thats": "that's"}
@@ -93,6 +94,17 @@ def _official_vqa_eval(prediction: str, answers: list[str]) -> float:
         return " ".join(out_text)
 
     gts = [{"answer": a, "answer_id": i + 1} for i, a in enumerate(answers)]
+    if legacy:
+        res_ans = prediction.replace("\n", " ").replace("\t", " ").strip()
+        res_ans = process_digit_article(process_punctuation(res_ans))
+        if len({a["answer"] for a in gts}) > 1:
+            for ans in gts:
+                ans["answer"] = process_punctuation(ans["answer"])
+        acc = []
+        for gt in gts:
+            others = [item for item in gts if item != gt]
+            acc.append(min(1, len([item for item in others if item["answer"] == res_ans]) / 3))
+        return sum(acc) / len(acc)
     for ans in gts:
         ans["answer"] = ans["answer"].replace("\n", " ").replace("\t", " ").strip()
     res_ans = prediction.replace("\n", " ").replace("\t", " ").strip()
@@ -118,9 +130,27 @@ def test_vqa_accuracy_equals_the_official_loop():
     for prediction, answers in cases:
         assert vqa_accuracy(prediction, answers) == pytest.approx(_official_vqa_eval(prediction, answers)), \
             (prediction, answers)
+        assert vqa_accuracy(prediction, answers, legacy=True) == pytest.approx(
+            _official_vqa_eval(prediction, answers, legacy=True)), (prediction, answers)
     for count in range(11):
         answers = ["x"] * count + ["y"] * (10 - count)
         assert soft_score(count) == pytest.approx(vqa_accuracy("x", answers) if count < 10 else 1.0)
+
+
+def test_vqa_accuracy_legacy_hand_computed():
+    """The 2015-2020 rules against the 2021 ones, on cases worked by hand: the old evaluation normalised the
+    prediction in full but the human answers only for punctuation, and only when they disagreed."""
+    cases = [  # prediction, human answers, legacy, current
+        ("2", ["two"] * 4 + ["three"] * 6, 0.0, 1.0),  # "two" stays a word for the humans in legacy
+        ("two", ["2"] * 10, 1.0, 0.0),  # agreeing humans: legacy maps the prediction to "2", 2021 compares raw
+        ("don't", ["dont"] * 5 + ["no"] * 5, 0.0, 1.0),  # contraction: only 2021 fixes the humans' "dont"
+        ("dog", ["a dog"] * 2 + ["cat"] * 8, 0.0, (2 * 1 / 3 + 8 * 2 / 3) / 10),  # articles: only 2021 drops them
+        ("yes", ["yes."] * 4 + ["no"] * 6, 1.0, 1.0),  # the period goes in both
+        ("dog", ["the dog"] * 3 + ["dog"] * 7, 1.0, 1.0),
+    ]
+    for prediction, answers, legacy, current in cases:
+        assert vqa_accuracy(prediction, answers, legacy=True) == pytest.approx(legacy), (prediction, answers)
+        assert vqa_accuracy(prediction, answers) == pytest.approx(current), (prediction, answers)
 
 
 def _vqa_files(tmp_path):
@@ -152,6 +182,14 @@ def test_vqa_score_cli_scores_a_results_file(tmp_path, capsys):
     # question 90 right (1.0), question 40 wrong (0.0): per answer type 100 / 0, overall 50
     assert metrics["overall"] == 50.0 and metrics["per_answer_type"] == {"other": 100.0, "yes/no": 0.0}
     assert "Overall Accuracy is: 50.00" in capsys.readouterr().out
+    # two images, one right and one wrong question: resampling images gives 0, 50 or 100
+    assert metrics["images"] == 2 and metrics["overall_ci95"] == [0.0, 100.0] and metrics["vqa_eval"] == "2021"
+    from finetune.vqa import main as vqa_main  # the same command as `python -m finetune.vqa score`
+
+    assert vqa_main(["score", "--results", str(results), "--questions", str(q), "--annotations", str(a),
+                     "--legacy", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["vqa_eval"] == "2015-2020 (legacy)"
+    capsys.readouterr()
     # the server's rules: every annotated question answered once, nothing else
     results.write_text(json.dumps([{"question_id": 90, "answer": "red"}]))
     assert vqa_score(["--results", str(results), "--questions", str(q), "--annotations", str(a)]) == 2
