@@ -38,7 +38,7 @@ import json
 import math
 import sys
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,39 +53,13 @@ from shards.reader import collate_captions, decode_resized, pad_ids
 from shards.shapes_world import COLOURS
 from shards.skips import SkipLog
 
+from .config import DiagnosticConfig
 from .masking import grey_of, grey_resampling_rings
 
 LN2 = math.log(2.0)
 COLOUR_WORDS = frozenset(COLOURS)
 VISION_FOR_LANGUAGE = ("none", "object", "object_masked", "all")
 LANGUAGE_FOR_VISION = ("none", "phrase", "all")
-
-
-@dataclass
-class HeldOutConfig:
-    """Held-out images with sentences in Flickr30k Entities' format, as the diagnostics read them."""
-    flickr_root: str = "data/demo/raw/flickr30k_entities"  # Sentences/, Annotations/, <split>.txt
-    split: str = "val"
-    images: str = "data/demo/raw/images"  # <image_id>.jpg
-    boxes: str = "data/demo/raw/flickr30k_entities/boxes_val.jsonl"  # regions, keyed <image_id>.jpg
-    short_side: int = 128  # image resizing as the model was trained (the paper's setting: 600 / 1000)
-    long_side: int = 192
-    max_regions: int = 100  # highest-scoring regions kept per image
-    seed: int = 0
-    bootstrap: int = 2000  # resamples of images for the clustered intervals (0 = t-intervals over examples)
-
-
-@dataclass
-class DiagnosticConfig(HeldOutConfig):
-    class_names: str | None = "data/demo/raw/class_names.json"  # detector classes, for gold labels
-    tau: float = 0.5  # IoT threshold of Object ablation and of co-masking around the MRC target
-    sweep: list = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # taus of the Figure 3 sweep
-    max_words: int = 100  # word-pieces per sentence; longer sentences are skipped and counted
-    batch_size: int = 16
-    max_examples: int | None = None  # a seeded random subset of the examples (None = all)
-    # which of the phrase's words are masked and scored: "all" (the paper), or "colour" (only its colour
-    # words; phrases without one are left out and counted): in the shapes world those come only from the image
-    phrase_words: str = "all"
 
 
 # --- overlap rules (batched tensor ops) --------------------------------------------------------------

@@ -36,6 +36,8 @@ from shards.reader import CaptionDecoder, collate_captions, kept_regions
 from shards.sink import ShardSink
 from shards.skips import SkipLog
 
+from .config import PretrainConfig, build_model_config
+
 
 def npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
@@ -111,7 +113,6 @@ def write_features(inputs: list[str], out_dir: str | Path, extractor: FeatureExt
 
 def main(argv: list[str] | None = None) -> int:
     from model.config import load_config
-    from pretrain.run import PretrainConfig, build_model_config
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

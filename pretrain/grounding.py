@@ -45,7 +45,8 @@ from shards.shapes_world import CATEGORIES as SHAPES
 from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
 from shards.skips import SkipLog
 
-from .ablation import HeldOutConfig, clustered_bootstrap, feature_extractor, format_interval
+from .ablation import clustered_bootstrap, feature_extractor, format_interval
+from .config import GroundingConfig
 from .masking import grey_of, grey_resampling_rings
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -62,11 +63,6 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 CHANCE = {name: 1.0 / len(words) for name, words in CATEGORIES.items()}
 MRC_SPLITS = ("visible", "zeroed_named", "zeroed_unnamed")
-
-
-@dataclass
-class GroundingConfig(HeldOutConfig):
-    max_images: int | None = None  # the first N images of the split (None = all)
 
 
 def word_category(words: list[str], index: int) -> str | None:

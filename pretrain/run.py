@@ -13,53 +13,17 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from model.config import deep_merge, load_config
 from model.vl_bert import real_positions
-from shards.reader import StreamConfig
 from shards.tokenizer import bert_source_dir
 
-from .ablation import DiagnosticConfig
-from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides, to_device
-from .grounding import GroundingConfig
-from .masking import MaskingConfig
-from .tasks import LossConfig
-
-
-@dataclass
-class PretrainConfig:
-    model_preset: str = "base"  # tiny | base | large: the model's sizes before `model` overrides
-    model: dict = field(default_factory=dict)  # VLBertConfig overrides, e.g. {fast_rcnn: {backbone: resnet50}}
-    bert: str | None = None  # local HF BERT directory to start from; "packaged" = all-MiniLM-L6-v2; None = random
-    data: StreamConfig = field(default_factory=StreamConfig)
-    masking: MaskingConfig = field(default_factory=MaskingConfig)
-    losses: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    # held-out Flickr30k-Entities-format data for the cross-modal ablation diagnostic, run every
-    # engine.eval_every steps (None = off); see pretrain/ablation.py
-    diagnostic: DiagnosticConfig | None = None
-    # held-out grounding measurements (pretrain/grounding.py): masked-word accuracy per word category with
-    # and without the image, MRC by visibility. A subset (`grounding_periodic_images`) every eval_every steps,
-    # and the whole split on the export at the end, printed as a table (None = off)
-    grounding: GroundingConfig | None = None
-    grounding_periodic_images: int = 40
-    # the detector's vocabulary (`fast_rcnn.vocab.json`, written by `python -m pretrain.detector` beside its
-    # weights): its class and attribute names, tokenized into model.region_class_words /
-    # region_attribute_words, turn on region word embeddings (model/vl_bert.py); None = off (official)
-    region_words: str | None = None
-    # the MLM head's transform when `bert` has none (the packaged MiniLM): "random" (BERT's init) or "readout"
-    # (identity: the head starts by naming the word nearest the output state; MaskedLanguageModelingHead.
-    # init_as_readout; with region_words the MRC head too, its classes read out by their names' embeddings).
-    # A checkpoint that has an MLM head loads it either way.
-    mlm_head_init: str = "random"
-    # the detector warm-up's config (DetectorConfig YAML): at the end, the exported Fast R-CNN's held-out object
-    # and attribute accuracy next to the warm-up's (detector drift; printed, eval.jsonl, TensorBoard); None = off
-    detector_drift: str | None = None
+from .config import GroundingConfig, PretrainConfig, build_model_config
+from .engine import add_run_arguments, entry_point, run_overrides, to_device
 
 
 def region_word_updates(path: str, tokenizer) -> dict:
@@ -89,15 +53,6 @@ def region_word_updates(path: str, tokenizer) -> dict:
     if "region_attribute_words" in out:
         out["fast_rcnn"] = {"num_attributes": len(out["region_attribute_words"])}
     return out
-
-
-def build_model_config(cfg: PretrainConfig):
-    from model.config import model_config
-    from model.hf_import import config_from_hf
-
-    if cfg.bert:
-        return config_from_hf(bert_source_dir(cfg.bert), cfg.model_preset, updates=cfg.model)
-    return model_config(cfg.model_preset, updates=cfg.model)
 
 
 def count_batch(batch: dict) -> dict[str, float]:

@@ -18,7 +18,8 @@ import torch
 from finetune.common import encode
 from finetune.refcoco import RefFormatError, read_detections, read_instances, read_refs, safe_pickle_load
 from finetune.vcr import GENDER_NEUTRAL_NAMES, VCRFormatError, q2ar, read_vcr_jsonl, words_of
-from finetune.vqa import build_answer_vocab, normalise_answer, read_vqa, soft_score, vqa_accuracy
+from finetune.vqa import build_answer_vocab
+from finetune.vqa_score import normalise_answer, read_vqa, soft_score, vqa_accuracy
 from pretrain.loaders import EpochLoader
 from shards.images import ImageConfig, load_image
 from shards.skips import SkipLog

@@ -22,8 +22,13 @@ from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertEncoder as HFBertEncoder
 
 from model.export import load_pretrained
-from model.import_official import (OFFICIAL_PIXEL_MEANS_BGR, convert_official_state, import_official,
-                                   load_official, official_config)
+from model.import_official import (
+    OFFICIAL_PIXEL_MEANS_BGR,
+    convert_official_state,
+    import_official,
+    load_official,
+    official_config,
+)
 
 H, LAYERS, HEADS, FF, VOCAB, MAXPOS, CLASSES, APPEAR = 32, 2, 4, 37, 99, 64, 9, 2048
 EPS = 1e-12
@@ -283,12 +288,14 @@ def test_every_tensor_lands_in_its_place(tmp_path):
     assert torch.equal(out[e + "roi_mask_embedding"], sd["object_mask_word_embedding.weight"][0])
     assert torch.equal(out[e + "end_token_embedding"], sd["vlbert.end_embedding.weight"][0])
     assert torch.equal(out[e + "visual_projection_text.weight"], sd["vlbert.visual_1x1_text.weight"])
-    assert torch.equal(out[f + "backbone.conv1.weight"], sd["image_feature_extractor.backbone.conv1.weight"][:, [2, 1, 0]])
+    assert torch.equal(out[f + "backbone.conv1.weight"],
+                       sd["image_feature_extractor.backbone.conv1.weight"][:, [2, 1, 0]])
     assert torch.equal(out[f + "box_head.1.conv2.weight"],
                        sd["image_feature_extractor.roi_head_feature_extractor.1.conv2.weight"])
     w = sd["image_feature_extractor.obj_downsample.1.weight"]
     assert torch.equal(out[e + "visual_feature_embedding.1.weight"], torch.cat([w[:, 2048:], w[:, :2048]], 1))
-    assert torch.equal(out["masked_roi_classification.classifier.weight"], sd["vlbert.mvrc_head.region_cls_pred.weight"])
+    assert torch.equal(out["masked_roi_classification.classifier.weight"],
+                       sd["vlbert.mvrc_head.region_cls_pred.weight"])
     assert "mlm_head.decoder.weight" not in out  # tied
 
 
@@ -298,7 +305,8 @@ def test_unmapped_and_untied_keys_are_named(tmp_path):
     with pytest.raises(ValueError, match="relationsip_head"):
         load_official(save(tmp_path, sd), num_attention_heads=HEADS)
     sd = official_state()
-    sd["module.vlbert.mlm_head.predictions.decoder.weight"] = sd["module.vlbert.mlm_head.predictions.decoder.weight"] + 1
+    decoder = "module.vlbert.mlm_head.predictions.decoder.weight"
+    sd[decoder] = sd[decoder] + 1
     with pytest.raises(ValueError, match="not tied"):
         load_official(save(tmp_path, sd), num_attention_heads=HEADS)
     sd = official_state()

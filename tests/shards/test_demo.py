@@ -133,7 +133,7 @@ def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
     scene annotations they were drawn from."""
     from finetune.refcoco import read_instances, read_refs
     from finetune.vcr import read_vcr_jsonl
-    from finetune.vqa import read_vqa
+    from finetune.vqa_score import read_vqa
     from shards.shapes_world import CATEGORIES
 
     raw = demo_corpus / "raw"
