@@ -5,7 +5,7 @@ import torch
 from pretrain.ablation import clustered_bootstrap
 from pretrain.detector import attribute_loss
 from pretrain.engine import param_groups
-from pretrain.grounding import CATEGORIES, word_category
+from pretrain.grounding import CATEGORIES, CHANCE, NAMED_BY_SPAN, REPORTED, span_naming_lengths, word_category
 
 
 def test_clustered_bootstrap_resamples_whole_images():
@@ -40,6 +40,18 @@ def test_word_categories():
                     "hexagon": "shape", "left": "relation", "of": None, "small": "size", "covered": None,
                     "star": "covered_shape"}  # under the cloth: its shape is not in the image
     assert len(CATEGORIES["colour"]) == 6 and len(CATEGORIES["shape"]) == 8
+
+
+def test_a_name_its_span_gives_away_is_scored_apart():
+    """Masked, a word is one [MASK] per piece: with the packaged uncased vocab every shape is one piece but
+    "hexagon" (he ##xa ##gon), so three [MASK]s name it and a text-only model gets it free."""
+    from shards.tokenizer import bert_source_dir, load_tokenizer
+
+    tokenizer = load_tokenizer(str(bert_source_dir("packaged")))
+    telling = span_naming_lengths(tokenizer)
+    assert telling["shape"] == {3} and telling["covered_shape"] == {3}
+    assert telling["colour"] == set()  # six one-piece colours: the span says nothing
+    assert CHANCE[NAMED_BY_SPAN] == 1.0 and REPORTED[-1] == NAMED_BY_SPAN
 
 
 def test_softmax_attribute_loss_by_hand():
