@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.heads import BertPredictionHeadTransform
+from model.vl_bert import word_table
 from pretrain.engine import entry_point
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
@@ -83,6 +84,10 @@ class VQADataConfig:
 class VQAConfig(FinetuneConfig):
     data: VQADataConfig = field(default_factory=VQADataConfig)
     classifier_dropout: float = 0.1
+    # the answer classifier's start: "random" (the official code's: a new linear layer on the MLM transform) or
+    # "readout" (each answer's row the mean of its word-pieces' MLM decoder rows, its bias theirs: the head
+    # starts as the pretrained MLM head scoring the answer at [MASK]; docs/FINETUNE.md, Table 4)
+    classifier_init: str = "random"
 
 
 def split_files(cfg: VQADataConfig, split: str) -> tuple[Path, Path | None]:
@@ -103,7 +108,7 @@ class VQASet:
         from shards.caption_inputs import load_box_file
 
         self.skips = SkipLog("examples")
-        self.cfg, self.mask_id = cfg, mask_id
+        self.cfg, self.mask_id, self.tokenizer = cfg, mask_id, tokenizer
         boxes = {}
         for path in cfg.data.boxes.split(","):  # bad box-file lines are counted with the other skips
             boxes.update(load_box_file(path, self.skips))
@@ -181,6 +186,16 @@ class VQAModel(nn.Module):
         nn.init.normal_(self.classifier.weight, std=cfg.initializer_range)
         nn.init.zeros_(self.classifier.bias)
 
+    @torch.no_grad()
+    def init_classifier_as_readout(self, mlm_head, answer_pieces: list[list[int]]) -> None:
+        """Row a = the mean over answer a's word-pieces of the MLM decoder's rows, bias a = the mean of their MLM
+        biases. With the transform copied from the MLM head, a one-piece answer's logit is then exactly the MLM
+        head's logit for that word at [MASK]."""
+        ids, weights = word_table(answer_pieces)
+        decoder = mlm_head.decoder.weight
+        self.classifier.weight.copy_((decoder[ids] * weights.unsqueeze(-1).to(decoder.dtype)).sum(1))
+        self.classifier.bias.copy_((mlm_head.bias[ids] * weights.to(decoder.dtype)).sum(1))
+
     def logits(self, batch: dict) -> torch.Tensor:
         out = encode(self.vl_bert, batch)
         mask_pos = batch["a_mask"].sum(1) + 2  # [CLS] question [SEP] -> [MASK]
@@ -217,6 +232,12 @@ class VQATask:
     def build_module(pretrained, cfg: VQAConfig, train: VQASet):
         model = VQAModel(pretrained.vl_bert, len(train.answers), cfg.classifier_dropout)
         copy_transform(model.transform, pretrained.mlm_head.transform)  # as the official code initialises it
+        if cfg.classifier_init == "readout":
+            model.init_classifier_as_readout(pretrained.mlm_head, [
+                train.tokenizer(a, add_special_tokens=False)["input_ids"] or [train.tokenizer.unk_token_id]
+                for a in train.answers])
+        elif cfg.classifier_init != "random":
+            raise ValueError(f"classifier_init: '{cfg.classifier_init}' is not random or readout")
         return model, {"task": "vqa", "answers": train.answers, "prior": train.prior,
                        "classifier_dropout": cfg.classifier_dropout, "image": vars(cfg.image),
                        "max_question_tokens": cfg.data.max_question_tokens}

@@ -137,8 +137,9 @@ class MaskedRoIClassificationHead(nn.Module):
         t = self.transform
         t.dense.weight.copy_(torch.eye(t.dense.weight.shape[0], dtype=t.dense.weight.dtype))
         t.dense.bias.zero_()
-        t.LayerNorm.weight.fill_(1.0)
-        t.LayerNorm.bias.zero_()
+        if isinstance(t.LayerNorm, nn.LayerNorm):  # mrc_head_norm: false has none
+            t.LayerNorm.weight.fill_(1.0)
+            t.LayerNorm.bias.zero_()
         self.classifier.weight.copy_(class_names.to(self.classifier.weight.dtype))
         self.classifier.bias.zero_()
 

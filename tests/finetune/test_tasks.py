@@ -554,3 +554,25 @@ def test_finetune_batches_count_their_real_positions(second_segment, answers_per
     keep = padded.attention_mask
     assert counted == int(keep.sum())
     torch.testing.assert_close(packed.last_hidden_state[keep], padded.last_hidden_state[keep], atol=1e-5, rtol=0)
+
+
+def test_vqa_readout_classifier_scores_answers_as_the_mlm_head():
+    """classifier_init=readout: a one-piece answer's logit is the MLM head's logit for that word, a two-piece
+    answer's the mean of its pieces' (both linear in the same transformed state), before any training."""
+    from finetune.common import copy_transform
+    from finetune.vqa import VQAModel
+    from model.config import model_config
+    from model.vl_bert import VLBertForPretraining
+
+    torch.manual_seed(0)
+    pre = VLBertForPretraining(model_config("tiny"), with_fast_rcnn=False).eval()
+    torch.nn.init.normal_(pre.mlm_head.bias)
+    model = VQAModel(pre.vl_bert, 2, 0.1).eval()
+    copy_transform(model.transform, pre.mlm_head.transform)
+    model.init_classifier_as_readout(pre.mlm_head, [[10], [11, 12]])
+    hidden = torch.randn(3, pre.cfg.hidden_size)
+    with torch.no_grad():
+        ours = model.classifier(model.transform(hidden))
+        mlm = pre.mlm_head(hidden)
+    torch.testing.assert_close(ours[:, 0], mlm[:, 10])
+    torch.testing.assert_close(ours[:, 1], (mlm[:, 11] + mlm[:, 12]) / 2)
