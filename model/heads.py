@@ -17,6 +17,15 @@ class BertPredictionHeadTransform(nn.Module):
         # the official MVRC head has no LayerNorm (VLBertConfig.mrc_head_norm)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if norm else nn.Identity()
 
+    @torch.no_grad()
+    def init_identity(self) -> None:
+        """dense = I, bias 0, LayerNorm (if any) 1/0: the transform starts close to passing its input on."""
+        self.dense.weight.copy_(torch.eye(self.dense.weight.shape[0], dtype=self.dense.weight.dtype))
+        self.dense.bias.zero_()
+        if isinstance(self.LayerNorm, nn.LayerNorm):
+            self.LayerNorm.weight.fill_(1.0)
+            self.LayerNorm.bias.zero_()
+
     def forward(self, x):
         return self.LayerNorm(F.gelu(self.dense(x)))
 
@@ -106,12 +115,7 @@ class MaskedLanguageModelingHead(nn.Module):
         input word (the packaged MiniLM's: read out this way, 0.70 of caption words, cross-entropy 3.9 against
         ln 30522 = 10.3 for a random head), so what attention copies into a [MASK] position is readable from
         the first step instead of after the head has learnt a vocabulary readout from scratch."""
-        t = self.transform
-        t.dense.weight.copy_(torch.eye(t.dense.weight.shape[0], dtype=t.dense.weight.dtype))
-        t.dense.bias.zero_()
-        if isinstance(t.LayerNorm, nn.LayerNorm):
-            t.LayerNorm.weight.fill_(1.0)
-            t.LayerNorm.bias.zero_()
+        self.transform.init_identity()
         self.bias.zero_()
 
     def forward(self, hidden: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
@@ -134,12 +138,7 @@ class MaskedRoIClassificationHead(nn.Module):
         (class_names [classes, hidden], e.g. `VLBertEmbeddings.name_embeddings("class")`), bias 0: a region
         whose output state carries a class's name, from its own region word embedding or copied from the
         caption, is classified as that class from the first step (the MLM head's readout, for classes)."""
-        t = self.transform
-        t.dense.weight.copy_(torch.eye(t.dense.weight.shape[0], dtype=t.dense.weight.dtype))
-        t.dense.bias.zero_()
-        if isinstance(t.LayerNorm, nn.LayerNorm):  # mrc_head_norm: false has none
-            t.LayerNorm.weight.fill_(1.0)
-            t.LayerNorm.bias.zero_()
+        self.transform.init_identity()
         self.classifier.weight.copy_(class_names.to(self.classifier.weight.dtype))
         self.classifier.bias.zero_()
 

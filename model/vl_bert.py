@@ -429,12 +429,14 @@ class VLBert(nn.Module):
         learned = cfg.visual_tokens == "learned"
         segment_c = emb.token_type_embeddings.weight[SEGMENT_C]
         text_len = text_mask.sum(1, keepdim=True)  # [B, 1]: regions share the position after the text
+        # the official [END]: a learned embedding with no visual term, ending text-only samples too
+        learned_end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c if learned else None
         if not has_image:
             text = text + emb.text_visual_term(emb.text_only_visual_embedding)  # shared by every word
             x, mask, n_regions = text, text_mask, 0
-            if learned:  # the official sequence ends every sample with [END], text-only ones too
-                end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c
-                x, mask = torch.cat([text, end], 1), torch.cat([text_mask, torch.ones_like(text_mask[:, :1])], 1)
+            if learned:
+                x = torch.cat([text, learned_end], 1)
+                mask = torch.cat([text_mask, torch.ones_like(text_mask[:, :1])], 1)
         else:
             if masked_regions is None:
                 masked_regions = torch.zeros_like(box_mask)
@@ -479,11 +481,8 @@ class VLBert(nn.Module):
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)
             region_pos = emb.position_embeddings(text_len).expand(bsz, n_regions, -1)
             regions = token + emb.object_visual_term(visual) + region_pos + segment_c
-            if learned:  # the official [END] takes no visual feature
-                end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c
-            else:
-                end = words[:, -1:] + emb.position_embeddings(text_len + 1) + segment_c + whole_image_term
-            # end: [B, 1, hidden]
+            end = learned_end if learned else \
+                words[:, -1:] + emb.position_embeddings(text_len + 1) + segment_c + whole_image_term  # [B, 1, hidden]
             x = torch.cat([text, regions, end], 1)
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
