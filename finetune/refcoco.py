@@ -164,6 +164,7 @@ class RefSet:
             iou = box_iou(torch.from_numpy(regions), torch.tensor([item["target"]]))[:, 0]
             ious.append(iou)
         out = collate_visual(visual)
+        out["image_keys"] = [str(self.items[i]["image_id"]) for i in indices]
         n = out["boxes"].shape[1]
         out["iou"] = torch.stack([F.pad(iou, (0, n - len(iou)), value=0.0) for iou in ious])  # [B, N]
         out["label"] = (out["iou"] > self.cfg.positive_iou).float()

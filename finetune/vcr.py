@@ -198,6 +198,7 @@ class VCRSet:
         visual = [load_image(Path(self.cfg.data.images) / self.items[i]["img_fn"], self._metadata(self.items[i]),
                              image_cfg, f"{self.items[i]['where']} ({self.items[i]['annot_id']})") for i in indices]
         out = collate_visual(visual)
+        out["image_keys"] = [self.items[i]["img_fn"] for i in indices]
         n = out["boxes"].shape[1]
         a = [self.items[i]["a"] for i in indices for _ in range(4)]  # 4 sequences per question
         b = [c for i in indices for c in self.items[i]["b"]]
@@ -231,9 +232,15 @@ class VCRModel(nn.Module):
         box_mask = batch["box_mask"]
         if masked_regions is None:
             masked_regions = torch.zeros_like(box_mask)
-        appearance, boxes_norm, _ = vl.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
-                                                       boxes=batch["boxes"], box_mask=box_mask,
-                                                       masked_regions=masked_regions)
+        if "appearance" in batch:  # a RegionFeatureCache's batch: the frozen detector's features
+            if self.settings["mrc_weight"] > 0:
+                raise ValueError("VCR's masked RoI classification zeroes pixels before the detector: with detector: "
+                                 "frozen set mrc_weight=0")
+            appearance, boxes_norm = batch["appearance"], batch["boxes_norm"]
+        else:
+            appearance, boxes_norm, _ = vl.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
+                                                           boxes=batch["boxes"], box_mask=box_mask,
+                                                           masked_regions=masked_regions)
         rep = {k: batch[k].repeat_interleave(4, 0) for k in ("boxes", "box_mask")}
         out = encode(vl, {**batch, **rep}, visual_input=(appearance.repeat_interleave(4, 0),
                                                          boxes_norm.repeat_interleave(4, 0)),

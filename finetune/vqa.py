@@ -163,6 +163,7 @@ class VQASet:
             visual.append(load_image(Path(image_cfg.root) / rel, entry.boxes[: image_cfg.max_regions], image_cfg,
                                      f"question_id {q.question_id}"))
         out = collate_visual(visual)
+        out["image_keys"] = [self.items[i][1] for i in indices]
         out["a_ids"], out["a_mask"] = pad_lists([self.question_ids[i] for i in indices])
         out["b_ids"], out["b_mask"] = pad_lists([[self.mask_id] for _ in indices])
         target = torch.zeros(len(indices), len(self.answers))

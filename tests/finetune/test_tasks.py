@@ -576,3 +576,39 @@ def test_vqa_readout_classifier_scores_answers_as_the_mlm_head():
         mlm = pre.mlm_head(hidden)
     torch.testing.assert_close(ours[:, 0], mlm[:, 10])
     torch.testing.assert_close(ours[:, 1], (mlm[:, 11] + mlm[:, 12]) / 2)
+
+
+def test_frozen_detector_cache_gives_the_end_to_end_logits_and_runs_each_image_once(demo_corpus, tiny_export):
+    """detector=frozen: a cached batch scores exactly as the same batch through the detector, each distinct
+    image of the set went through the detector once, and the detector has no trainable weight left."""
+    from finetune.common import BackboneConfig, RegionFeatureCache, build_pretrained, freeze_detector
+    from finetune.vqa import VQAConfig, VQATask
+    from model.config import load_config
+    from shards.tokenizer import load_tokenizer
+
+    raw = demo_corpus / "raw"
+    cfg = load_config(VQAConfig, None, [f"image.root={raw}", f"data.root={raw}/vqa", f"data.boxes={raw}/boxes.jsonl",
+                                        "data.answer_min_count=1", "image.short_side=64", "image.long_side=96",
+                                        "image.max_regions=8"])
+    pretrained, tok_dir, _ = build_pretrained(BackboneConfig(init=str(tiny_export)))
+    data = VQATask.dataset(cfg, load_tokenizer(tok_dir), None, train=True)
+    data.items = data.items[:40]  # a few images, each asked several questions
+    module, _ = VQATask.build_module(pretrained, cfg, data)
+    freeze_detector(module.vl_bert)
+    seen = []
+    detector = module.vl_bert.fast_rcnn
+    forward = detector.forward
+    detector.forward = lambda images, *a, **k: (seen.append(images.shape[0]), forward(images, *a, **k))[1]
+    cached = RegionFeatureCache(data, module.vl_bert, 16, "cpu")
+    images = {rel for _, rel in data.items}
+    assert sum(seen) == len(images) == len(cached.features) < len(data)
+    assert not any(p.requires_grad for p in detector.parameters())
+    assert any(p.requires_grad for p in module.vl_bert.parameters())
+    module.eval()
+    idx = [0, 7, 13, 39, 21]
+    with torch.no_grad():
+        direct = module.logits(data.batch(idx))
+        batch = cached.batch(idx)
+        assert "images" not in batch and batch["appearance"].shape[:2] == (5, 1 + batch["box_mask"].shape[1])
+        torch.testing.assert_close(module.logits(batch), direct)
+    assert cached.answers is data.answers  # the task set's own attributes show through

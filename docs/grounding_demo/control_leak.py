@@ -1,0 +1,112 @@
+"""Where the image-ablated control's tiny vision-for-language effect comes from (docs/ABLATION.md, session 17).
+
+The control (`masking.ablate_image=true`) pretrained on grey images, yet its cross-modal diagnostic gives
+V4L all - none = +0.00013 bits with an interval just above 0. Hypothesis: the region word terms. They are
+parameter-free (each region's token and its aligned words add the word embeddings of the names the detector's
+classifiers give it), so a BERT that never learnt anything from images still reads "red" added to the circle's
+word when the region shows a red circle. In `none` they come from the real pixels, in `all` from the dataset
+mean; nothing else in the control has learnt to tell the two apart.
+
+This measures all - none on every held-out phrase twice, in one pass, the same batches:
+  - `live`: as the diagnostic does (reproduces its figure);
+  - `frozen`: the detector's object and attribute classifiers read the dataset-mean region feature for every
+    region in both conditions, so the region words are the same in `none` and `all` and only the learnt visual
+    terms (appearance and geometry through the visual embedding) differ.
+If the leak is the region words, `frozen` has an interval that includes 0.
+
+    python docs/grounding_demo/control_leak.py --model control=runs/demo_long_control/export \\
+        [--model demo_long=runs/demo_long/export] [--out docs/grounding_demo/long_s17/control_leak.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from model.config import load_config  # noqa: E402
+from model.export import load_pretrained  # noqa: E402
+from pretrain.ablation import Ablator, PhraseData, clustered_bootstrap, feature_extractor  # noqa: E402
+from pretrain.config import DiagnosticConfig  # noqa: E402
+from shards.tokenizer import load_tokenizer  # noqa: E402
+
+
+class Frozen(torch.nn.Module):
+    """A classifier that answers every input as it answers `feature` (the dataset-mean region feature)."""
+
+    def __init__(self, classifier: torch.nn.Module, feature: torch.Tensor):
+        super().__init__()
+        self.classifier, self.feature = classifier, feature
+
+    @property
+    def weight(self) -> torch.Tensor:  # the detector reads its dtype off the classifier's weight
+        return self.classifier.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.feature.to(x.dtype)).expand(*x.shape[:-1], -1)
+
+
+def measure(model, data: PhraseData, device: str, desc: str) -> dict[str, np.ndarray]:
+    ablator = Ablator(model, device)
+    ablator.fit_means(data.batches())
+    detector = model.vl_bert.fast_rcnn
+    live = (detector.object_classifier, detector.attribute_classifier)
+    frozen = tuple(Frozen(c, ablator.region_mean) if c is not None else None for c in live)
+    out: dict[str, list] = {}
+    for b in tqdm(data.batches(), total=math.ceil(len(data) / data.cfg.batch_size), desc=desc):
+        b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
+        for name, (obj, attr) in (("live", live), ("frozen", frozen)):
+            detector.object_classifier, detector.attribute_classifier = obj, attr
+            for cond in ("none", "all"):
+                out.setdefault(f"{name}/{cond}", []).append(
+                    ablator.vision_for_language(b, cond, data.cfg.tau).float().cpu().numpy())
+        detector.object_classifier, detector.attribute_classifier = live
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--out", default="docs/grounding_demo/long_s17/control_leak.md")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("overrides", nargs="*", help="DiagnosticConfig fields as key=value")
+    args = p.parse_args(argv)
+    cfg = load_config(DiagnosticConfig, None, args.overrides)
+    torch.set_grad_enabled(False)
+    rows, report = [], {}
+    for spec in args.model:
+        name, _, path = spec.partition("=")
+        model = load_pretrained(path).to(args.device).eval()
+        data = PhraseData(cfg, load_tokenizer(path), model.cfg.fast_rcnn.num_classes, feature_extractor(model))
+        values = measure(model, data, args.device, name)
+        clusters = np.array([it.image_id for it in data.items])
+        report[name] = {}
+        for variant in ("live", "frozen"):
+            diff = values[f"{variant}/all"] - values[f"{variant}/none"]
+            s = clustered_bootstrap(diff, clusters, resamples=cfg.bootstrap, seed=cfg.seed)
+            none = clustered_bootstrap(values[f"{variant}/none"], clusters, resamples=cfg.bootstrap, seed=cfg.seed)
+            report[name][variant] = {"none": none, "all_minus_none": s}
+            lo, hi = s["ci95"]
+            rows.append(f"| {name} | {variant} | {none['mean']:.4f} | {s['mean']:+.6f} [{lo:+.6f}, {hi:+.6f}] | "
+                        f"{s['n']} / {s['clusters']} |")
+            print(rows[-1], flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("### V4L all - none with the region word terms live or frozen to the dataset mean\n\n"
+                   "| model | region words | none (bits) | all - none (bits, 95% interval by image) | phrases / images |\n"
+                   "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
