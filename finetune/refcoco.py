@@ -12,7 +12,7 @@ keyed by image id), with the ground-truth boxes added to the training regions as
 Input `[CLS] query [SEP] [IMG]... [END]`; a per-region binary classifier on the regions' outputs (label:
 IoU > 0.5 with the referred box); at inference the highest-scoring region is the answer. Metric:
 accuracy at IoU >= 0.5 with the referred box (`metrics_<split>.json`, with the chance level of picking a
-candidate at random), predictions in `predictions_<split>.json` (`[{ref_id, sent_id, box, score}]`).
+candidate at random), predictions in `predictions_<split>.json` (`[{ref_id, sent_id, image_id, box, score, iou}]`).
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ class RefTask:
                 hits.append(iou >= 0.5)
                 valid = batch["box_mask"][row]
                 chance.append(float((batch["iou"][row][valid] >= 0.5).float().mean()))
-                preds.append({"ref_id": item["ref_id"], "sent_id": item["sent_id"],
+                preds.append({"ref_id": item["ref_id"], "sent_id": item["sent_id"], "image_id": item["image_id"],
                               "box": [round(float(v), 2) for v in box],
                               "score": float(logits[row, k]), "iou": round(iou, 4)})
         (run_dir / f"predictions_{cfg.eval_split}.json").write_text(json.dumps(preds))

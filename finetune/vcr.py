@@ -21,7 +21,7 @@ classification with linguistic clues runs alongside during training: regions are
 before the detector) and their object class predicted. The detector runs once per question; its output
 is shared by the 4 candidates.
 
-Outputs: `predictions_<split>.json` ({annot_id: {probs, label}}), `metrics_<split>.json` (accuracy);
+Outputs: `predictions_<split>.json` ({annot_id: {probs, label, image}}), `metrics_<split>.json` (accuracy);
 `--combine` turns a Q->A and a QA->R run into Q->A, QA->R and Q->AR accuracy (right only when both are).
 """
 
@@ -319,7 +319,8 @@ class VCRTask:
             probs = (scores.softmax(1) if model.settings["candidate_loss"] == "softmax" else scores.sigmoid()).cpu()
             for row, i in enumerate(idx):
                 item = data.items[i]
-                preds[item["annot_id"]] = {"probs": [round(float(p), 5) for p in probs[row]], "label": item["label"]}
+                preds[item["annot_id"]] = {"probs": [round(float(p), 5) for p in probs[row]], "label": item["label"],
+                                           "image": item["img_fn"]}
         (run_dir / f"predictions_{cfg.eval_split}.json").write_text(json.dumps(preds))
         metrics = {"split": cfg.eval_split, "subtask": cfg.subtask, "questions": len(preds)}
         if data.labelled:

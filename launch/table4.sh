@@ -7,13 +7,16 @@
 #   no_text     runs/demo_long_notext/export   demo_long without the text-only corpus
 # A missing pretraining is run first (demo_long: ~70 min on 2 CPU cores; step 0: ~2 min).
 #   bash launch/table4.sh [init ...]            default: all four
-# Environment: TASKS (default "vqa"; also vcr, refcoco), OUT (default runs/table4): the finetune runs go to
-#   $OUT/<task>/<init>; each writes metrics_<split>.json and its per-example predictions beside it.
-#   FINETUNE_ARGS: overrides for every finetune run (the same budget for all, e.g. "epochs=0.5").
+# Environment: TASKS (default "vqa refcoco_gt refcoco_detected vcr_qa vcr_qar"), OUT (default runs/table4): the
+#   finetune runs go to $OUT/<task>/<init>; each writes metrics_<split>.json and its per-example predictions beside
+#   it. FINETUNE_ARGS: overrides for every finetune run (the same budget for all, e.g. "epochs=0.5"); each task's
+#   own budget is its launcher's default (launch/configs/<task>_demo.yaml: the frozen detector, <= 10 min).
+# Ends with `python -m finetune.table4`: the table with 95% intervals by image, the paired differences from
+#   `none`, and the plot, under $OUT/report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-runs/table4}"
-tasks="${TASKS:-vqa}"
+tasks="${TASKS:-vqa refcoco_gt refcoco_detected vcr_qa vcr_qar}"
 inits=("$@")
 [ ${#inits[@]} -gt 0 ] || inits=(pretrained none no_mrc no_text)
 
@@ -48,7 +51,20 @@ for init in "${inits[@]}"; do
   fi
 done
 
+# a Table 4 column: its launcher and the overrides that pick the track or subtask
+launcher() {
+  case "$1" in
+    vqa) echo "finetune_vqa.sh" ;;
+    refcoco_gt) echo "finetune_refcoco.sh track=gt" ;;
+    refcoco_detected) echo "finetune_refcoco.sh track=detected" ;;
+    vcr_qa) echo "finetune_vcr.sh subtask=qa" ;;
+    vcr_qar) echo "finetune_vcr.sh subtask=qar" ;;
+    *) echo "launch/table4.sh: unknown task '$1' (vqa refcoco_gt refcoco_detected vcr_qa vcr_qar)" >&2; exit 2 ;;
+  esac
+}
+
 for task in $tasks; do
+  read -r script task_args <<<"$(launcher "$task")"
   for init in "${inits[@]}"; do
     dir="$(run_dir "$init")"
     target="$out/$task/$init"
@@ -59,7 +75,8 @@ for task in $tasks; do
     echo "== table4: finetuning $task from '$init' ($dir/export) into $target" >&2
     # shellcheck disable=SC2086
     # the flag last: argparse takes the key=value overrides as one run of positionals
-    RUNS="$out/$task" bash "launch/finetune_$task.sh" backbone.init="$dir/export" engine.run_dir="$target" \
+    RUNS="$out/$task" bash "launch/$script" backbone.init="$dir/export" engine.run_dir="$target" $task_args \
       ${FINETUNE_ARGS:-} --overwrite
   done
 done
+python -m finetune.table4 --runs "$out"

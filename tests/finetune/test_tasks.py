@@ -612,3 +612,57 @@ def test_frozen_detector_cache_gives_the_end_to_end_logits_and_runs_each_image_o
         assert "images" not in batch and batch["appearance"].shape[:2] == (5, 1 + batch["box_mask"].shape[1])
         torch.testing.assert_close(module.logits(batch), direct)
     assert cached.answers is data.answers  # the task set's own attributes show through
+
+
+def _run_dir(path: Path, config: dict, **files) -> None:
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps({"config": config}))
+    for name, content in files.items():
+        (path / f"{name}.json").write_text(json.dumps(content))
+
+
+def test_table4_report_from_per_example_outputs(tmp_path):
+    """Each metric recomputed from the runs' per-example files (VQA rescored officially, RefCOCO+ at IoU 0.5,
+    VCR Q->AR right only when both halves are), paired differences from `none`, by hand."""
+    from finetune.table4 import main as table4_main
+    from finetune.table4 import read_runs, report
+
+    q, a = _vqa_files(tmp_path)  # questions 90 (image 9, other) and 40 (image 4, yes/no) annotated, all "red"
+    vqa_cfg = {"eval_split": "train2014", "data": {"root": str(tmp_path),
+                                                   "questions": "v2_OpenEnded_mscoco_{split}_questions.json",
+                                                   "annotations": "v2_mscoco_{split}_annotations.json"}}
+    prior = {"prior_baseline": {"overall": 12.5, "per_answer_type": {"other": 25.0}}}
+    runs = tmp_path / "runs"
+    _run_dir(runs / "vqa/pretrained", vqa_cfg, results_train2014=[{"question_id": 90, "answer": "red"},
+                                                                   {"question_id": 40, "answer": "red"}],
+             metrics_train2014=prior)
+    _run_dir(runs / "vqa/none", vqa_cfg, results_train2014=[{"question_id": 90, "answer": "blue"},
+                                                             {"question_id": 40, "answer": "red"}],
+             metrics_train2014=prior)
+    ref = [{"ref_id": 1, "sent_id": s, "image_id": s // 2, "iou": iou} for s, iou in enumerate([0.9, 0.5, 0.2, 0.7])]
+    _run_dir(runs / "refcoco_gt/pretrained", {"eval_split": "val"}, predictions_val=ref, metrics_val={"chance": 20.0})
+    # VCR: three questions on two images; Q->A right on a1, a2; QA->R right on a2, a3: Q->AR right on a2 alone
+    qa = {"a1": {"probs": [0.7, 0.1, 0.1, 0.1], "label": 0, "image": "x.jpg"},
+          "a2": {"probs": [0.1, 0.7, 0.1, 0.1], "label": 1, "image": "x.jpg"},
+          "a3": {"probs": [0.1, 0.7, 0.1, 0.1], "label": 2, "image": "y.jpg"}}
+    qar = {"a1": {"probs": [0.1, 0.7, 0.1, 0.1], "label": 0, "image": "x.jpg"},
+           "a2": {"probs": [0.1, 0.1, 0.1, 0.7], "label": 3, "image": "x.jpg"},
+           "a3": {"probs": [0.7, 0.1, 0.1, 0.1], "label": 0, "image": "y.jpg"}}
+    _run_dir(runs / "vcr_qa/pretrained", {"eval_split": "val"}, predictions_val=qa)
+    _run_dir(runs / "vcr_qar/pretrained", {"eval_split": "val"}, predictions_val=qar)
+    rep = report(*read_runs(runs), resamples=200)
+    vqa = rep["VQA overall"]
+    assert vqa["runs"]["pretrained"]["mean"] == 100.0 and vqa["runs"]["none"]["mean"] == 50.0
+    assert vqa["minus_none"]["pretrained"]["mean"] == 50.0 and vqa["chance_or_prior"] == 12.5
+    assert rep["VQA other (colour, shape)"]["runs"]["none"]["mean"] == 0.0
+    refcoco = rep["RefCOCO+ val (gt boxes)"]
+    assert refcoco["runs"]["pretrained"]["mean"] == 75.0 and refcoco["runs"]["pretrained"]["images"] == 2
+    assert refcoco["chance_or_prior"] == 20.0 and "minus_none" not in refcoco
+    assert rep["VCR Q->A"]["runs"]["pretrained"]["mean"] == pytest.approx(200 / 3)
+    assert rep["VCR QA->R"]["runs"]["pretrained"]["mean"] == pytest.approx(200 / 3)
+    assert rep["VCR Q->AR"]["runs"]["pretrained"]["mean"] == pytest.approx(100 / 3)
+    assert rep["VCR Q->AR"]["chance_or_prior"] == 6.25
+    out = tmp_path / "report"
+    assert table4_main(["--runs", str(runs), "--out", str(out), "--resamples", "100"]) == 0
+    assert (out / "table4.png").stat().st_size > 0 and "| VCR Q->AR |" in (out / "table4.md").read_text()
+    assert table4_main(["--runs", str(tmp_path / "nothing")]) == 2

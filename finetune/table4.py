@@ -1,0 +1,224 @@
+"""VL-BERT's Table 4 at demo scale from finetune runs: each task's metric per pretraining variant, with 95%
+intervals from a bootstrap over images (the questions or expressions of one image are not independent), the
+paired difference from the model without visual-linguistic pretraining, and the prior or chance of each metric.
+
+    python -m finetune.table4 --runs runs/table4 [--out runs/table4/report]
+
+`--runs` holds `<task>/<init>/` finetune run directories, as `launch/table4.sh` leaves them: tasks `vqa`,
+`refcoco_gt`, `refcoco_detected`, `vcr_qa`, `vcr_qar` (Q->AR is read off a variant's Q->A and QA->R runs
+together), inits `pretrained`, `none`, `no_mrc`, `no_text` (any present). Each run is read from its per-example
+outputs (`results_<split>.json` scored again with the official VQA accuracy, `predictions_<split>.json`), not
+from its summary. Writes table4.md, table4.json and table4.png (each metric per variant, with intervals and
+the prior/chance) under `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pretrain.ablation import clustered_bootstrap
+
+from .vqa_score import read_results, read_vqa, vqa_accuracy
+
+INITS = ("pretrained", "none", "no_mrc", "no_text")
+INIT_LABELS = {"pretrained": "VL pretrained (demo_long)", "none": "no VL pretraining (step 0)",
+               "no_mrc": "pretrained without MRC", "no_text": "pretrained without the text corpus"}
+TASKS = ("vqa", "refcoco_gt", "refcoco_detected", "vcr_qa", "vcr_qar")
+BASELINE = "none"
+
+
+class Examples:
+    """One metric of one run: per-example values (percent), their image, and a key to pair runs by."""
+
+    def __init__(self, keys: list, values: list[float], images: list):
+        self.keys, self.values, self.images = list(keys), np.asarray(values, dtype=np.float64), np.asarray(images)
+
+    def summary(self, resamples: int) -> dict:
+        s = clustered_bootstrap(self.values, self.images, resamples=resamples)
+        return {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"], "images": s["clusters"]}
+
+    def minus(self, other: Examples, resamples: int) -> dict:
+        theirs = dict(zip(other.keys, other.values, strict=True))
+        both = [i for i, k in enumerate(self.keys) if k in theirs]
+        if not both:
+            raise ValueError("the two runs share no example")
+        diff = np.array([self.values[i] - theirs[self.keys[i]] for i in both])
+        s = clustered_bootstrap(diff, self.images[both], resamples=resamples)
+        return {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"]}
+
+
+def run_config(run: Path) -> dict:
+    try:
+        return json.loads((run / "run.json").read_text())["config"]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{run}: no run.json (not a finetune run directory)") from None
+
+
+def vqa_metrics(run: Path) -> tuple[dict[str, Examples], dict[str, float]]:
+    """Overall and 'other' (colour/shape) accuracy per question, and the question-type prior of each."""
+    cfg = run_config(run)
+    split, data = cfg["eval_split"], cfg["data"]
+    root = Path(data["root"])
+    questions = read_vqa(root / data["questions"].format(split=split), root / data["annotations"].format(split=split))
+    results = read_results(run / f"results_{split}.json")
+    answered = [q for q in questions if q.question_id in results]
+    if len(answered) < len(questions) and not cfg.get("max_eval_examples"):
+        raise ValueError(f"{run}: results_{split}.json answers {len(answered)} of {len(questions)} questions")
+    scores = [100.0 * vqa_accuracy(results[q.question_id], q.answers) for q in answered]
+    metrics = json.loads((run / f"metrics_{split}.json").read_text())
+    out = {"VQA overall": Examples([q.question_id for q in answered], scores, [q.image_id for q in answered])}
+    other = [i for i, q in enumerate(answered) if q.answer_type == "other"]
+    out["VQA other (colour, shape)"] = Examples([answered[i].question_id for i in other], [scores[i] for i in other],
+                                                [answered[i].image_id for i in other])
+    prior = metrics["prior_baseline"]
+    return out, {"VQA overall": prior["overall"], "VQA other (colour, shape)": prior["per_answer_type"]["other"]}
+
+
+def refcoco_metrics(run: Path, track: str) -> tuple[dict[str, Examples], dict[str, float]]:
+    split = run_config(run)["eval_split"]
+    preds = json.loads((run / f"predictions_{split}.json").read_text())
+    metrics = json.loads((run / f"metrics_{split}.json").read_text())
+    name = f"RefCOCO+ {split} ({track} boxes)"
+    ex = Examples([(p["ref_id"], p["sent_id"]) for p in preds], [100.0 * (p["iou"] >= 0.5) for p in preds],
+                  [p["image_id"] for p in preds])
+    return {name: ex}, {name: metrics["chance"]}
+
+
+def vcr_predictions(run: Path) -> dict:
+    return json.loads((run / f"predictions_{run_config(run)['eval_split']}.json").read_text())
+
+
+def vcr_examples(preds: dict, right) -> Examples:
+    keys = sorted(k for k, p in preds.items() if p["label"] is not None)
+    return Examples(keys, [100.0 * right(k) for k in keys], [preds[k]["image"] for k in keys])
+
+
+def read_runs(root: Path) -> tuple[dict[str, dict[str, Examples]], dict[str, float]]:
+    """{metric: {init: Examples}} for every run found, and each metric's prior or chance."""
+    table: dict[str, dict[str, Examples]] = {}
+    chance: dict[str, float] = {}
+
+    def add(init: str, found: tuple[dict[str, Examples], dict[str, float]]):
+        for name, ex in found[0].items():
+            table.setdefault(name, {})[init] = ex
+        chance.update(found[1])
+
+    for init in INITS:
+        if (root / "vqa" / init / "run.json").exists():
+            add(init, vqa_metrics(root / "vqa" / init))
+        for track in ("gt", "detected"):
+            run = root / f"refcoco_{track}" / init
+            if (run / "run.json").exists():
+                add(init, refcoco_metrics(run, track))
+        preds = {sub: vcr_predictions(root / f"vcr_{sub}" / init) for sub in ("qa", "qar")
+                 if (root / f"vcr_{sub}" / init / "run.json").exists()}
+        right = {sub: (lambda k, p=p: int(np.argmax(p[k]["probs"])) == p[k]["label"]) for sub, p in preds.items()}
+        names = {"qa": "VCR Q->A", "qar": "VCR QA->R"}
+        for sub, p in preds.items():
+            add(init, ({names[sub]: vcr_examples(p, right[sub])}, {names[sub]: 25.0}))
+        if len(preds) == 2:
+            both = {k: v for k, v in preds["qa"].items() if k in preds["qar"]}
+            add(init, ({"VCR Q->AR": vcr_examples(both, lambda k: right["qa"](k) and right["qar"](k))},
+                       {"VCR Q->AR": 6.25}))
+    if not table:
+        raise FileNotFoundError(f"{root}: no finetune runs under <task>/<init>/ (tasks {', '.join(TASKS)}; inits "
+                                f"{', '.join(INITS)})")
+    return table, chance
+
+
+def report(table: dict[str, dict[str, Examples]], chance: dict[str, float], resamples: int = 2000) -> dict:
+    out = {}
+    for metric, runs in table.items():
+        row = {"chance_or_prior": chance.get(metric), "runs": {i: e.summary(resamples) for i, e in runs.items()}}
+        if BASELINE in runs:
+            row["minus_none"] = {i: e.minus(runs[BASELINE], resamples) for i, e in runs.items() if i != BASELINE}
+        out[metric] = row
+    return out
+
+
+def fmt(s: dict | None) -> str:
+    if not s or s.get("mean") is None:
+        return "—"
+    lo, hi = s["ci95"]
+    return f"{s['mean']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def markdown(rep: dict) -> str:
+    inits = [i for i in INITS if any(i in r["runs"] for r in rep.values())]
+    head = ["metric", *[INIT_LABELS[i] for i in inits], *[f"{i} - none" for i in inits if i != BASELINE],
+            "prior / chance"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for metric, r in rep.items():
+        cells = [fmt(r["runs"].get(i)) for i in inits]
+        cells += [fmt(r.get("minus_none", {}).get(i)) for i in inits if i != BASELINE]
+        c = r["chance_or_prior"]
+        lines.append("| " + " | ".join([metric, *cells, "—" if c is None else f"{c:.2f}"]) + " |")
+    return "\n".join(lines) + "\n\nPercent; 95% intervals from a bootstrap over images (2,000 resamples); " \
+                              "differences paired by example.\n"
+
+
+def plot(rep: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = list(rep)
+    inits = [i for i in INITS if any(i in r["runs"] for r in rep.values())]
+    fig, ax = plt.subplots(figsize=(1.6 * len(metrics) + 2, 4))
+    width = 0.8 / len(inits)
+    for j, init in enumerate(inits):
+        xs, ys, err = [], [], [[], []]
+        for k, m in enumerate(metrics):
+            s = rep[m]["runs"].get(init)
+            if s:
+                xs.append(k + (j - (len(inits) - 1) / 2) * width)
+                ys.append(s["mean"])
+                err[0].append(s["mean"] - s["ci95"][0])
+                err[1].append(s["ci95"][1] - s["mean"])
+        ax.bar(xs, ys, width, yerr=err, capsize=3, label=INIT_LABELS[init])
+    for k, m in enumerate(metrics):
+        c = rep[m]["chance_or_prior"]
+        if c is not None:
+            ax.hlines(c, k - 0.45, k + 0.45, colors="k", linestyles="--", label="prior / chance" if k == 0 else None)
+    ax.set_xticks(range(len(metrics)), metrics, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title("Table 4 at demo scale: finetuned from each pretraining (95% intervals by image)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", default="runs/table4", help="<task>/<init>/ finetune run directories")
+    p.add_argument("--out", help="default: <runs>/report")
+    p.add_argument("--resamples", type=int, default=2000)
+    args = p.parse_args(argv)
+    root = Path(args.runs)
+    out = Path(args.out or root / "report")
+    try:
+        rep = report(*read_runs(root), resamples=args.resamples)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"table4: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table4.json").write_text(json.dumps(rep, indent=1))
+    md = markdown(rep)
+    (out / "table4.md").write_text(md)
+    figure = plot(rep, out / "table4.png")
+    print(md + f"written: {out / 'table4.md'}, {out / 'table4.json'}, {figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
