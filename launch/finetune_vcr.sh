@@ -2,7 +2,8 @@
 # VCR finetuning (VL-BERT 4.2.1): a Q->A run and a QA->R run, then Q->AR from their predictions.
 #   bash launch/finetune_vcr.sh [key=value ...]
 # Environment: CONFIG (default launch/configs/vcr_demo.yaml; the paper's: vcr_paper.yaml), RUNS (default
-#   runs/vcr), NUM_GPUS (default: all local GPUs; on CPU one process).
+#   runs/vcr), SUBTASKS (default "qa qar"; one alone skips Q->AR), NUM_GPUS (default: all local GPUs; on CPU one
+#   process).
 # Outputs: $RUNS/qa and $RUNS/qar (metrics, predictions, model/, tb/), $RUNS/q2ar_<split>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/_finetune.sh"
 case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | cut -c3-; exit 0 ;; esac
@@ -12,9 +13,11 @@ split=val
 for arg in "$@"; do case "$arg" in eval_split=*) split="${arg#eval_split=}" ;; esac; done
 need_config "$config"
 mapfile -t extra < <(demo_init "$config" "$@")
-for subtask in qa qar; do
+subtasks="${SUBTASKS:-qa qar}"  # one alone (SUBTASKS=qa) runs it without the Q->AR step
+for subtask in $subtasks; do
   run_module finetune.vcr --config "$config" subtask="$subtask" engine.run_dir="$runs/$subtask" \
     ${extra[@]+"${extra[@]}"} "$@"
 done
+[ "$subtasks" = "qa qar" ] || exit 0
 python -m finetune.vcr --combine "$runs/qa/predictions_$split.json" "$runs/qar/predictions_$split.json" \
   --out "$runs/q2ar_$split.json"

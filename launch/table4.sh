@@ -57,8 +57,8 @@ launcher() {
     vqa) echo "finetune_vqa.sh" ;;
     refcoco_gt) echo "finetune_refcoco.sh track=gt" ;;
     refcoco_detected) echo "finetune_refcoco.sh track=detected" ;;
-    vcr_qa) echo "finetune_vcr.sh subtask=qa" ;;
-    vcr_qar) echo "finetune_vcr.sh subtask=qar" ;;
+    vcr_qa) echo "finetune_vcr.sh" ;;
+    vcr_qar) echo "finetune_vcr.sh" ;;
     *) echo "launch/table4.sh: unknown task '$1' (vqa refcoco_gt refcoco_detected vcr_qa vcr_qar)" >&2; exit 2 ;;
   esac
 }
@@ -75,7 +75,7 @@ for task in $tasks; do
     echo "== table4: finetuning $task from '$init' ($dir/export) into $target" >&2
     # shellcheck disable=SC2086
     # the flag last: argparse takes the key=value overrides as one run of positionals
-    RUNS="$out/$task" bash "launch/$script" backbone.init="$dir/export" engine.run_dir="$target" $task_args \
+    SUBTASKS="${task#vcr_}" RUNS="$out/$task" bash "launch/$script" backbone.init="$dir/export" engine.run_dir="$target" $task_args \
       ${FINETUNE_ARGS:-} --overwrite
   done
 done
