@@ -98,6 +98,16 @@ def vcr_examples(preds: dict, right) -> Examples:
     return Examples(keys, [100.0 * right(k) for k in keys], [preds[k]["image"] for k in keys])
 
 
+def finished(run: Path) -> bool:
+    """A run that evaluated (its metrics written); one still training or stopped is left out, and said so."""
+    if not (run / "run.json").exists():
+        return False
+    if not (run / f"metrics_{run_config(run)['eval_split']}.json").exists():
+        print(f"table4: {run} has not evaluated yet: left out", file=sys.stderr)
+        return False
+    return True
+
+
 def read_runs(root: Path) -> tuple[dict[str, dict[str, Examples]], dict[str, float]]:
     """{metric: {init: Examples}} for every run found, and each metric's prior or chance."""
     table: dict[str, dict[str, Examples]] = {}
@@ -109,14 +119,14 @@ def read_runs(root: Path) -> tuple[dict[str, dict[str, Examples]], dict[str, flo
         chance.update(found[1])
 
     for init in INITS:
-        if (root / "vqa" / init / "run.json").exists():
+        if finished(root / "vqa" / init):
             add(init, vqa_metrics(root / "vqa" / init))
         for track in ("gt", "detected"):
             run = root / f"refcoco_{track}" / init
-            if (run / "run.json").exists():
+            if finished(run):
                 add(init, refcoco_metrics(run, track))
         preds = {sub: vcr_predictions(root / f"vcr_{sub}" / init) for sub in ("qa", "qar")
-                 if (root / f"vcr_{sub}" / init / "run.json").exists()}
+                 if finished(root / f"vcr_{sub}" / init)}
         right = {sub: (lambda k, p=p: int(np.argmax(p[k]["probs"])) == p[k]["label"]) for sub, p in preds.items()}
         names = {"qa": "VCR Q->A", "qar": "VCR QA->R"}
         for sub, p in preds.items():

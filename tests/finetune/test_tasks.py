@@ -650,6 +650,9 @@ def test_table4_report_from_per_example_outputs(tmp_path):
            "a3": {"probs": [0.7, 0.1, 0.1, 0.1], "label": 0, "image": "y.jpg"}}
     _run_dir(runs / "vcr_qa/pretrained", {"eval_split": "val"}, predictions_val=qa)
     _run_dir(runs / "vcr_qar/pretrained", {"eval_split": "val"}, predictions_val=qar)
+    for sub in ("qa", "qar"):
+        (runs / f"vcr_{sub}/pretrained/metrics_val.json").write_text("{}")
+    _run_dir(runs / "vcr_qa/none", {"eval_split": "val"})  # still training: no metrics, left out
     rep = report(*read_runs(runs), resamples=200)
     vqa = rep["VQA overall"]
     assert vqa["runs"]["pretrained"]["mean"] == 100.0 and vqa["runs"]["none"]["mean"] == 50.0
@@ -661,7 +664,7 @@ def test_table4_report_from_per_example_outputs(tmp_path):
     assert rep["VCR Q->A"]["runs"]["pretrained"]["mean"] == pytest.approx(200 / 3)
     assert rep["VCR QA->R"]["runs"]["pretrained"]["mean"] == pytest.approx(200 / 3)
     assert rep["VCR Q->AR"]["runs"]["pretrained"]["mean"] == pytest.approx(100 / 3)
-    assert rep["VCR Q->AR"]["chance_or_prior"] == 6.25
+    assert rep["VCR Q->AR"]["chance_or_prior"] == 6.25 and set(rep["VCR Q->A"]["runs"]) == {"pretrained"}
     out = tmp_path / "report"
     assert table4_main(["--runs", str(runs), "--out", str(out), "--resamples", "100"]) == 0
     assert (out / "table4.png").stat().st_size > 0 and "| VCR Q->AR |" in (out / "table4.md").read_text()
