@@ -164,13 +164,22 @@ class RegionFeatureCache:
                 rows = [r for k, r in first.items() if k not in self.features]
                 if not rows:
                     continue
-                pick = torch.tensor(rows)
-                appearance, boxes_norm, _ = vl_bert.region_features(
-                    images=batch["images"][pick].to(device), image_sizes=batch["image_sizes"][pick].to(device),
-                    boxes=batch["boxes"][pick].to(device), box_mask=batch["box_mask"][pick].to(device))
-                for i, r in enumerate(rows):
-                    n = 1 + int(batch["box_mask"][r].sum())  # the whole image, then the image's boxes
-                    self.features[keys[r]] = (appearance[i, :n].float().cpu(), boxes_norm[i, :n].float().cpu())
+                # each image on its own canvas (its size padded to the divisibility), as it is alone: a wider batch
+                # canvas changes the features along its right and bottom edges (the stem's max-pool pads with -inf,
+                # padding pixels are 0), and an image's features must not depend on the batch it was first seen in
+                canvases: dict[tuple[int, int], list[int]] = {}
+                for r in rows:
+                    h, w = (-(-int(v) // SIZE_DIVISIBILITY) * SIZE_DIVISIBILITY for v in batch["image_sizes"][r])
+                    canvases.setdefault((h, w), []).append(r)
+                for (h, w), group in canvases.items():
+                    pick = torch.tensor(group)
+                    appearance, boxes_norm, _ = vl_bert.region_features(
+                        images=batch["images"][pick, :, :h, :w].to(device),
+                        image_sizes=batch["image_sizes"][pick].to(device), boxes=batch["boxes"][pick].to(device),
+                        box_mask=batch["box_mask"][pick].to(device))
+                    for i, r in enumerate(group):
+                        n = 1 + int(batch["box_mask"][r].sum())  # the whole image, then the image's boxes
+                        self.features[keys[r]] = (appearance[i, :n].float().cpu(), boxes_norm[i, :n].float().cpu())
 
     @staticmethod
     def image_keys(batch: dict) -> list[str]:

@@ -579,8 +579,9 @@ def test_vqa_readout_classifier_scores_answers_as_the_mlm_head():
 
 
 def test_frozen_detector_cache_gives_the_end_to_end_logits_and_runs_each_image_once(demo_corpus, tiny_export):
-    """detector=frozen: a cached batch scores exactly as the same batch through the detector, each distinct
-    image of the set went through the detector once, and the detector has no trainable weight left."""
+    """detector=frozen: a cached batch scores exactly as its examples through the detector one by one (each image
+    on its own canvas), each distinct image of the set went through the detector once, and the detector has no
+    trainable weight left."""
     from finetune.common import BackboneConfig, RegionFeatureCache, build_pretrained, freeze_detector
     from finetune.vqa import VQAConfig, VQATask
     from model.config import load_config
@@ -607,7 +608,7 @@ def test_frozen_detector_cache_gives_the_end_to_end_logits_and_runs_each_image_o
     module.eval()
     idx = [0, 7, 13, 39, 21]
     with torch.no_grad():
-        direct = module.logits(data.batch(idx))
+        direct = torch.cat([module.logits(data.batch([i])) for i in idx])
         batch = cached.batch(idx)
         assert "images" not in batch and batch["appearance"].shape[:2] == (5, 1 + batch["box_mask"].shape[1])
         torch.testing.assert_close(module.logits(batch), direct)
@@ -669,3 +670,30 @@ def test_table4_report_from_per_example_outputs(tmp_path):
     assert table4_main(["--runs", str(runs), "--out", str(out), "--resamples", "100"]) == 0
     assert (out / "table4.png").stat().st_size > 0 and "| VCR Q->AR |" in (out / "table4.md").read_text()
     assert table4_main(["--runs", str(tmp_path / "nothing")]) == 2
+
+
+def test_frozen_detector_cache_gives_vcr_the_end_to_end_scores(demo_corpus, tiny_export):
+    """VCR reads the cached features for all 4 candidates of a question, as its detector pass gives them for the
+    question alone; masked RoI classification, which hides pixels before the detector, is refused with the cache."""
+    from finetune.common import BackboneConfig, RegionFeatureCache, build_pretrained, freeze_detector
+    from finetune.vcr import VCRConfig, VCRTask
+    from model.config import load_config
+    from shards.tokenizer import load_tokenizer
+
+    raw = demo_corpus / "raw"
+    cfg = load_config(VCRConfig, None, [f"data.root={raw}/vcr", f"data.images={raw}", "image.short_side=64",
+                                        "image.long_side=96", "image.max_regions=8", "mrc_weight=0"])
+    pretrained, tok_dir, _ = build_pretrained(BackboneConfig(init=str(tiny_export)))
+    data = VCRTask.dataset(cfg, load_tokenizer(tok_dir), None, train=True)
+    data.items = data.items[:12]
+    module, _ = VCRTask.build_module(pretrained, cfg, data)
+    freeze_detector(module.vl_bert)
+    cached = RegionFeatureCache(data, module.vl_bert, 4, "cpu")
+    module.eval()
+    with torch.no_grad():
+        direct = torch.cat([module.run(data.batch([i]))[0] for i in (0, 5, 11)])
+        scores, _ = module.run(cached.batch([0, 5, 11]))
+    torch.testing.assert_close(scores, direct)
+    module.settings = dict(module.settings, mrc_weight=1.0)
+    with pytest.raises(ValueError, match="mrc_weight=0"):
+        module.run(cached.batch([0]), torch.ones_like(cached.batch([0])["box_mask"]))
