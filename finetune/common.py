@@ -164,9 +164,10 @@ class RegionFeatureCache:
                 rows = [r for k, r in first.items() if k not in self.features]
                 if not rows:
                     continue
-                # each image on its own canvas (its size padded to the divisibility), as it is alone: a wider batch
-                # canvas changes the features along its right and bottom edges (the stem's max-pool pads with -inf,
-                # padding pixels are 0), and an image's features must not depend on the batch it was first seen in
+                # each image on its own canvas (its size padded to the divisibility), as it is alone: on a wider batch
+                # canvas the layers see the padding's activations (0 pixels, but each frozen BatchNorm adds its shift)
+                # where a canvas edge gives zero padding (-inf in the stem's max-pool), so features along an image's
+                # right and bottom edges change, and they must not depend on the batch an image was first seen in
                 canvases: dict[tuple[int, int], list[int]] = {}
                 for r in rows:
                     h, w = (-(-int(v) // SIZE_DIVISIBILITY) * SIZE_DIVISIBILITY for v in batch["image_sizes"][r])
