@@ -152,7 +152,7 @@ class RefSet:
     def __len__(self) -> int:
         return len(self.items)
 
-    def batch(self, indices: list[int]) -> dict:
+    def batch(self, indices: list[int], pixels: bool = True) -> dict:
         image_cfg = self.cfg.image
         visual, ious = [], []
         for i in indices:
@@ -160,7 +160,7 @@ class RefSet:
             image = self.images[item["image_id"]]
             regions = self.regions[item["image_id"]]
             visual.append(load_image(Path(image_cfg.root) / image["file_name"], regions, image_cfg,
-                                     f"ref_id {item['ref_id']}"))
+                                     f"ref_id {item['ref_id']}", pixels))
             iou = box_iou(torch.from_numpy(regions), torch.tensor([item["target"]]))[:, 0]
             ious.append(iou)
         out = collate_visual(visual)

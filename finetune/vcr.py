@@ -193,10 +193,11 @@ class VCRSet:
             raise VCRFormatError(f"{item['where']}: {len(item['classes'])} objects but {len(boxes)} boxes in {path}")
         return boxes[: self.cfg.image.max_regions]
 
-    def batch(self, indices: list[int]) -> dict:
+    def batch(self, indices: list[int], pixels: bool = True) -> dict:
         image_cfg = self.cfg.image
         visual = [load_image(Path(self.cfg.data.images) / self.items[i]["img_fn"], self._metadata(self.items[i]),
-                             image_cfg, f"{self.items[i]['where']} ({self.items[i]['annot_id']})") for i in indices]
+                             image_cfg, f"{self.items[i]['where']} ({self.items[i]['annot_id']})", pixels)
+                  for i in indices]
         out = collate_visual(visual)
         out["image_keys"] = [self.items[i]["img_fn"] for i in indices]
         n = out["boxes"].shape[1]

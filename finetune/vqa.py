@@ -154,14 +154,14 @@ class VQASet:
     def __len__(self) -> int:
         return len(self.items)
 
-    def batch(self, indices: list[int]) -> dict:
+    def batch(self, indices: list[int], pixels: bool = True) -> dict:
         image_cfg = self.cfg.image
         visual = []
         for i in indices:
             q, rel = self.items[i]
             entry = self.boxes[rel]
             visual.append(load_image(Path(image_cfg.root) / rel, entry.boxes[: image_cfg.max_regions], image_cfg,
-                                     f"question_id {q.question_id}"))
+                                     f"question_id {q.question_id}", pixels))
         out = collate_visual(visual)
         out["image_keys"] = [self.items[i][1] for i in indices]
         out["a_ids"], out["a_mask"] = pad_lists([self.question_ids[i] for i in indices])

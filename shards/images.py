@@ -4,13 +4,14 @@ tasks, the detector warm-up and `finetune.infer` read their datasets this way.""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .reader import decode_resized, pad_images
+from .reader import _box_scale, decode_resized, pad_images, resized_size
 
 
 @dataclass
@@ -22,14 +23,24 @@ class ImageConfig:
     box_tolerance: float = 2.0  # pixels a box may stick out of its image (then clipped); beyond: an error
 
 
-def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str, pixels: bool = True
+               ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The image resized by VL-BERT's rule and its [N, 4] pixel boxes (x1, y1, x2, y2, original image)
-    mapped onto it. A box outside the image by more than cfg.box_tolerance is an error naming `where`."""
+    mapped onto it. A box outside the image by more than cfg.box_tolerance is an error naming `where`.
+    pixels=False reads the header alone and gives None for the image (its features are cached elsewhere)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"{where}: image {path} not found (image root: {cfg.root})") from None
-    image, scale, (w, h) = decode_resized(data, cfg.short_side, cfg.long_side)
+    if pixels:
+        image, scale, (w, h) = decode_resized(data, cfg.short_side, cfg.long_side)
+    else:
+        from PIL import Image
+
+        image = None
+        w, h = Image.open(io.BytesIO(data)).size  # the header only
+        nw, nh = resized_size(w, h, cfg.short_side, cfg.long_side)
+        scale = _box_scale(w, h, nw, nh)
     b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
     tol = cfg.box_tolerance
     bad = (b[:, 0] < -tol) | (b[:, 1] < -tol) | (b[:, 2] > w + tol) | (b[:, 3] > h + tol) | \
@@ -44,12 +55,15 @@ def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str) -> t
 SIZE_DIVISIBILITY = 32  # batch images are zero-padded to a multiple of it, as pretraining's reader does
 
 
-def collate_visual(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-    """(image, boxes) pairs -> images [B, 3, H, W] uint8, image_sizes [B, 2], boxes [B, N, 4], box_mask."""
-    images, sizes = pad_images([im for im, _ in items], SIZE_DIVISIBILITY)
+def collate_visual(items: list[tuple[torch.Tensor | None, torch.Tensor]]) -> dict:
+    """(image, boxes) pairs -> images [B, 3, H, W] uint8, image_sizes [B, 2], boxes [B, N, 4], box_mask; images
+    loaded without pixels (None) give boxes and box_mask alone."""
     n = max(1, max(len(b) for _, b in items))
     boxes = torch.zeros(len(items), n, 4)
     mask = torch.zeros(len(items), n, dtype=torch.bool)
     for i, (_, b) in enumerate(items):
         boxes[i, : len(b)], mask[i, : len(b)] = b, True
+    if any(im is None for im, _ in items):
+        return {"boxes": boxes, "box_mask": mask}
+    images, sizes = pad_images([im for im, _ in items], SIZE_DIVISIBILITY)
     return {"images": images, "image_sizes": sizes, "boxes": boxes, "box_mask": mask}

@@ -611,6 +611,8 @@ def test_frozen_detector_cache_gives_the_end_to_end_logits_and_runs_each_image_o
         direct = torch.cat([module.logits(data.batch([i])) for i in idx])
         batch = cached.batch(idx)
         assert "images" not in batch and batch["appearance"].shape[:2] == (5, 1 + batch["box_mask"].shape[1])
+        # a cached batch reads image headers, not pixels, and maps the boxes as the decoded images do
+        torch.testing.assert_close(batch["boxes"], data.batch(idx)["boxes"])
         torch.testing.assert_close(module.logits(batch), direct)
     assert cached.answers is data.answers  # the task set's own attributes show through
 
