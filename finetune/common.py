@@ -159,18 +159,20 @@ class RegionFeatureCache:
         vl_bert = vl_bert.eval()
         with torch.no_grad():
             for start in tqdm(range(0, len(data), batch_size), desc=f"frozen detector: {desc}", unit="batch"):
-                batch = data.batch(list(range(start, min(len(data), start + batch_size))))
-                keys = self.image_keys(batch)
-                first = {k: r for r, k in reversed(list(enumerate(keys)))}  # each new image's first row
-                rows = [r for k, r in first.items() if k not in self.features]
-                if not rows:
+                chunk = list(range(start, min(len(data), start + batch_size)))
+                keys = self.image_keys(data.batch(chunk, pixels=False))
+                first = {k: i for k, i in reversed(list(zip(keys, chunk, strict=True)))}  # each image's first example
+                new = [i for k, i in first.items() if k not in self.features]
+                if not new:
                     continue
+                batch = data.batch(new)  # decoded: the examples of images not seen yet, one each
+                keys = self.image_keys(batch)
                 # each image on its own canvas (its size padded to the divisibility), as it is alone: on a wider batch
                 # canvas the layers see the padding's activations (0 pixels, but each frozen BatchNorm adds its shift)
                 # where a canvas edge gives zero padding (-inf in the stem's max-pool), so features along an image's
                 # right and bottom edges change, and they must not depend on the batch an image was first seen in
                 canvases: dict[tuple[int, int], list[int]] = {}
-                for r in rows:
+                for r in range(len(new)):
                     h, w = (-(-int(v) // SIZE_DIVISIBILITY) * SIZE_DIVISIBILITY for v in batch["image_sizes"][r])
                     canvases.setdefault((h, w), []).append(r)
                 for (h, w), group in canvases.items():
