@@ -133,7 +133,7 @@ def read_runs(root: Path) -> tuple[dict[str, dict[str, Examples]], dict[str, flo
             add(init, ({names[sub]: vcr_examples(p, right[sub])}, {names[sub]: 25.0}))
         if len(preds) == 2:
             both = {k: v for k, v in preds["qa"].items() if k in preds["qar"]}
-            add(init, ({"VCR Q->AR": vcr_examples(both, lambda k: right["qa"](k) and right["qar"](k))},
+            add(init, ({"VCR Q->AR": vcr_examples(both, lambda k, r=right: r["qa"](k) and r["qar"](k))},
                        {"VCR Q->AR": 6.25}))
     if not table:
         raise FileNotFoundError(f"{root}: no finetune runs under <task>/<init>/ (tasks {', '.join(TASKS)}; inits "

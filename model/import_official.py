@@ -29,7 +29,10 @@ model is told to compute the same (`official_config`):
   [END] too: `visual_tokens: learned`.
 - the MVRC head is dense + GELU + classifier, without LayerNorm: `mrc_head_norm: false`.
 
-Not supported (an error names them): task checkpoints (VQA/VCR/RefCOCO+ heads), the relationship head,
+Checkpoints of precomputed features (IMAGE_FEAT_PRECOMPUTED, e.g. `vl-bert-base-prec.model`: no CNN, only
+`obj_downsample`) import as `region_input: features`. The VQA task checkpoints import with
+`python -m finetune.import_official` (its head is finetune's). Not supported (an error names them): the VCR
+and RefCOCO+ task heads, the relationship head,
 IMAGE_SEMANTIC class embeddings, frozen word embeddings with special rows, `visual_ln: false` scales.
 """
 
@@ -51,6 +54,7 @@ OFFICIAL_PIXEL_MEANS_BGR = (102.9801, 115.9465, 122.7717)
 OFFICIAL_SCALES = (600, 1000)
 BOX_CONVENTION = "xyxy, pixels of the resized image, 0-based, x2/y2 inclusive (the last pixel in)"
 RESNET_DEPTH = {6: 50, 23: 101, 36: 152}  # res4 blocks -> depth
+OFFICIAL_GEOMETRY = 4 * 2 * 256  # common/utils/bbox.py coordinate_embeddings(..., 256): sin and cos of 4 values
 FRCNN, VLBERT = "image_feature_extractor.", "vlbert."
 # counters and copies the official module keeps that carry nothing of their own
 BN_COUNTER = re.compile(r".*\.num_batches_tracked$")
@@ -86,12 +90,19 @@ def official_config(state: dict[str, torch.Tensor], *, num_attention_heads: int 
 
     vocab, hidden = shape(VLBERT + "word_embeddings.weight")
     layers = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"vlbert\.encoder\.layer\.(\d+)\.", k)))
-    res4 = 1 + max(int(m.group(1)) for k in state
-                   if (m := re.match(r"image_feature_extractor\.backbone\.layer3\.(\d+)\.", k)))
-    if res4 not in RESNET_DEPTH or FRCNN + "backbone.layer1.0.conv3.weight" not in state:
-        raise ValueError(f"the official backbone has {res4} res4 blocks: not a Bottleneck ResNet-50/101/152")
     visual_size, downsample_in = shape(FRCNN + "obj_downsample.1.weight")
-    appearance = shape(FRCNN + "roi_head_feature_extractor.2.conv3.weight")[0]
+    precomputed = not any(k.startswith(FRCNN + "backbone.") for k in state)
+    if precomputed:  # IMAGE_FEAT_PRECOMPUTED (the official VQA): no CNN, the boxes carry their features
+        res4, appearance = 23, downsample_in - OFFICIAL_GEOMETRY
+        if appearance <= 0:
+            raise ValueError(f"obj_downsample takes {downsample_in} inputs: not the {OFFICIAL_GEOMETRY}-d coordinate "
+                             "embedding plus a feature")
+    else:
+        res4 = 1 + max(int(m.group(1)) for k in state
+                       if (m := re.match(r"image_feature_extractor\.backbone\.layer3\.(\d+)\.", k)))
+        if res4 not in RESNET_DEPTH or FRCNN + "backbone.layer1.0.conv3.weight" not in state:
+            raise ValueError(f"the official backbone has {res4} res4 blocks: not a Bottleneck ResNet-50/101/152")
+        appearance = shape(FRCNN + "roi_head_feature_extractor.2.conv3.weight")[0]
     classes = shape(VLBERT + "mvrc_head.region_cls_pred.weight")[0] if \
         VLBERT + "mvrc_head.region_cls_pred.weight" in state else 1601
     mean_rgb = tuple(m / 255 for m in reversed(pixel_means_bgr))
@@ -103,6 +114,7 @@ def official_config(state: dict[str, torch.Tensor], *, num_attention_heads: int 
         type_vocab_size=shape(VLBERT + "token_type_embeddings.weight")[0],
         visual_size=visual_size, geometry_size=downsample_in - appearance,
         visual_tokens="learned", geometry_boxes="center_size", mrc_head_norm=False,
+        region_input="features" if precomputed else "pixels", precomputed_feature_size=appearance,
         fast_rcnn=dict(backbone=f"resnet{RESNET_DEPTH[res4]}", num_classes=classes, norm="frozen",
                        stride_in_1x1=stride_in_1x1, res5_dilation=2 if c5_dilated else 1,
                        box_convention="inclusive", roi_sampling_ratio=1, roi_output_size=14, feature_stride=16,
@@ -180,8 +192,10 @@ def convert_official_state(state: dict[str, torch.Tensor], cfg: VLBertConfig,
             value = value.flip(1)  # BGR input channels -> RGB
         out[target] = value
     if unmapped:
-        raise ValueError(f"{len(unmapped)} official keys have no place in our model (task heads, the "
-                         f"relationship head and IMAGE_SEMANTIC are not supported): {unmapped[:8]}")
+        task = " (a task head: VQA checkpoints import with `python -m finetune.import_official`)" \
+            if any(k.startswith("final_mlp.") for k in unmapped) else ""
+        raise ValueError(f"{len(unmapped)} official keys have no place in our model (the VCR/RefCOCO+ heads, the "
+                         f"relationship head and IMAGE_SEMANTIC are not supported){task}: {unmapped[:8]}")
     for name in ("text", "object"):  # visual_size == hidden_size: the official model has no 1x1 there
         weight = f"{emb}visual_projection_{name}.weight"
         if weight not in out:
@@ -219,10 +233,16 @@ def import_official(checkpoint: str | Path, out: str | Path, tokenizer_dir: str 
     return write_export(model, untouched, checkpoint, out, tokenizer_dir)
 
 
+def official_image_preprocessing(cfg: VLBertConfig) -> dict:
+    """The official SCALES (600, 1000), no size divisibility, its pixel means and box convention."""
+    image = image_preprocessing(OFFICIAL_SCALES[0], OFFICIAL_SCALES[1], 1, cfg)
+    image["box_convention"] = BOX_CONVENTION
+    return image
+
+
 def write_export(model: VLBertForPretraining, untouched: list[str], checkpoint: str | Path, out: str | Path,
                  tokenizer_dir: str | Path | None = None) -> Path:
-    image = image_preprocessing(OFFICIAL_SCALES[0], OFFICIAL_SCALES[1], 1, model.cfg)
-    image["box_convention"] = BOX_CONVENTION
+    image = official_image_preprocessing(model.cfg)
     return save_pretrained(model.state_dict(), model.cfg, out, tokenizer_dir, image=image,
                            source={"official_checkpoint": Path(checkpoint).name,
                                    "not_in_checkpoint": ",".join(untouched)},

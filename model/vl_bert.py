@@ -383,7 +383,8 @@ class VLBert(nn.Module):
             feats = region_features.masked_fill(~keep, 0.0)
             whole = feats.sum(1, keepdim=True) / keep.sum(1, keepdim=True).clamp(min=1)
             appearance = torch.cat([whole, feats], 1)
-            all_boxes = with_whole_image(boxes, hw)
+            # the whole image's box in the boxes' own convention, as the Fast R-CNN path adds it
+            all_boxes = with_whole_image(boxes, hw, inclusive=self.cfg.fast_rcnn.box_convention == "inclusive")
             logits = None
         return appearance, normalise(all_boxes, hw), logits
 

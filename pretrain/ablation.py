@@ -277,7 +277,8 @@ class Ablator:
         mean = torch.cat([self.whole_mean.unsqueeze(0), self.region_mean.expand(n, -1)], 0)  # [1+N, F]
         if whole and bool((ablated == b["box_mask"]).all()):  # nothing of the image is left: no CNN to run
             hw = b["image_hw"] if "image_hw" in b else b["image_sizes"]
-            return mean.expand(bsz, -1, -1), normalise(with_whole_image(b["boxes"], hw), hw)
+            inclusive = self.vb.cfg.fast_rcnn.box_convention == "inclusive"
+            return mean.expand(bsz, -1, -1), normalise(with_whole_image(b["boxes"], hw, inclusive=inclusive), hw)
         appearance, boxes_norm, _ = self.vb.region_features(boxes=b["boxes"], box_mask=b["box_mask"],
                                                             masked_regions=ablated, **self._visual_kwargs(b))
         fill = torch.cat([torch.full_like(ablated[:, :1], whole), ablated], 1)  # [B, 1+N]

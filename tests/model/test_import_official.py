@@ -172,17 +172,20 @@ def visual(x, sd, kind):
     return layer_norm(x, sd, f"{v}visual_ln_{kind}")
 
 
-def official_sequence(sd, ids, text_visual, objects=None, masked=None):
-    """VisualLinguisticBert.embedding + encoder for one sample, packed (no padding): hidden [L, H]."""
+def official_sequence(sd, ids, text_visual, objects=None, masked=None, text_types=None):
+    """VisualLinguisticBert.embedding + encoder for one sample, packed (no padding): hidden [L, H].
+    text_types: the words' segments (default all 0)."""
     v = "vlbert."
     we = sd[v + "word_embeddings.weight"].double()
     pos, types = sd[v + "position_embeddings.weight"].double(), sd[v + "token_type_embeddings.weight"].double()
     n_text = len(ids)
-    text = we[ids] + visual(text_visual.expand(n_text, -1), sd, "text") + pos[:n_text] + types[0]
+    segments = types[0] if text_types is None else types[text_types]
+    text = we[ids] + visual(text_visual.expand(n_text, -1), sd, "text") + pos[:n_text] + segments
     parts = [text]
     if objects is not None:
         ling = sd["object_linguistic_embeddings.weight"].double().expand(len(objects), -1).clone()
-        ling[masked] = sd["object_mask_word_embedding.weight"].double()[0]
+        if masked.any():  # the VQA module has no mask embedding (nothing is masked in finetuning)
+            ling[masked] = sd["object_mask_word_embedding.weight"].double()[0]
         parts.append(ling + visual(objects, sd, "object") + pos[n_text] + types[2])
     parts.append(sd[v + "end_embedding.weight"].double() + pos[n_text + 1] + types[2])
     x = layer_norm(torch.cat(parts), sd, v + "embedding_LayerNorm")

@@ -1,0 +1,144 @@
+"""The official VQA checkpoint import: a state dict with the official VQA module's names and shapes (the released
+models ran on precomputed features: `obj_downsample` is all of their Fast R-CNN) gives a VQAModel whose answer
+logits equal a hand-written reference of the official forward (`vqa/modules/resnet_vlbert_for_vqa.py`:
+`prepare_text_from_qa` with a one-[MASK] answer, `FastRCNN` with IMAGE_FEAT_PRECOMPUTED, the whole image as
+box 0 with the boxes' mean feature as `vqa/data/datasets/vqa.py` adds it, `final_mlp` of CLASSIFIER_TYPE
+'mlm' at the [MASK]) to 1e-5; and the directory it writes loads as a finetuned model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from finetune.common import load_task_model
+from finetune.import_official import import_official_vqa, load_official_vqa
+from finetune.vqa import VQATask
+from tests.model.test_import_official import (
+    HEADS,
+    H,
+    coordinate_embeddings,
+    layer_norm,
+    official_sequence,
+    official_state,
+    save,
+)
+
+FEAT, ANSWERS, VOCAB = 24, 5, 120  # VOCAB holds BERT's [CLS] 101, [SEP] 102, [MASK] 103
+CLS, SEP, MASK = 101, 102, 103
+
+
+def official_vqa_state(visual_size: int = H, seed: int = 3) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    body = {k.removeprefix("module."): v for k, v in official_state(visual_size, seed).items()}
+    keep = ("vlbert.", "object_linguistic_embeddings.")
+    sd = {k: v for k, v in body.items() if k.startswith(keep) and not k.startswith(("vlbert.mlm_head.",
+                                                                                     "vlbert.mvrc_head."))}
+    sd["vlbert.word_embeddings.weight"] = torch.randn(VOCAB, H, generator=g) * 0.5
+    # no CNN: obj_downsample reads the 2048-d coordinate embedding and the precomputed feature
+    sd["image_feature_extractor.obj_downsample.1.weight"] = torch.randn(visual_size, 2048 + FEAT, generator=g) * 0.03
+    sd["image_feature_extractor.obj_downsample.1.bias"] = torch.randn(visual_size, generator=g) * 0.1
+    sd["final_mlp.0.dense.weight"] = torch.randn(H, H, generator=g) * 0.2
+    sd["final_mlp.0.dense.bias"] = torch.randn(H, generator=g) * 0.1
+    sd["final_mlp.0.LayerNorm.weight"] = 1 + torch.randn(H, generator=g) * 0.1
+    sd["final_mlp.0.LayerNorm.bias"] = torch.randn(H, generator=g) * 0.1
+    sd["final_mlp.2.weight"] = torch.randn(ANSWERS, H, generator=g) * 0.3
+    sd["final_mlp.2.bias"] = torch.randn(ANSWERS, generator=g) * 0.1
+    return {"module." + k: v for k, v in sd.items()}
+
+
+def official_vqa_logits(sd, question, feats, boxes, hw):
+    """One question: [CLS] q [SEP] [MASK] [SEP] (segments 0 then 1), words with the whole image's obj_rep,
+    objects = whole image + boxes with the object embedding, final_mlp on the [MASK]'s hidden state."""
+    h, w = hw
+    all_boxes = torch.cat([torch.tensor([[0.0, 0.0, w - 1.0, h - 1.0]]), boxes.double()])
+    all_feats = torch.cat([feats.double().mean(0, keepdim=True), feats.double()])
+    coords = coordinate_embeddings(torch.cat([all_boxes, torch.tensor([[w, h]] * len(all_boxes)).double()], 1),
+                                   256).view(len(all_boxes), -1)
+    d = "image_feature_extractor.obj_downsample.1."
+    obj = F.relu(torch.cat([coords, all_feats], 1) @ sd[d + "weight"].double().T + sd[d + "bias"].double())
+    ids = torch.tensor([CLS, *question, SEP, MASK, SEP])
+    types = torch.tensor([0] * (len(question) + 2) + [1, 1])
+    hidden = official_sequence(sd, ids, obj[:1], obj, torch.zeros(len(obj), dtype=torch.bool), text_types=types)
+    hm = hidden[len(question) + 2]
+    t = F.gelu(hm @ sd["final_mlp.0.dense.weight"].double().T + sd["final_mlp.0.dense.bias"].double())
+    t = layer_norm(t, sd, "final_mlp.0.LayerNorm")
+    return t @ sd["final_mlp.2.weight"].double().T + sd["final_mlp.2.bias"].double()
+
+
+def answers_file(tmp_path, n=ANSWERS):
+    path = tmp_path / "answers_vqa.txt"
+    path.write_text("".join(f"answer {i}\n" for i in range(n)))
+    return path
+
+
+def vqa_batch(model, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    questions = [[7, 30, 44, 9, 60], [12, 50, 3]]
+    a_ids = torch.tensor([q + [0] * (5 - len(q)) for q in questions])
+    a_mask = torch.tensor([[True] * len(q) + [False] * (5 - len(q)) for q in questions])
+    hw = torch.tensor([[240.0, 320.0], [200.0, 280.0]])
+    boxes = torch.tensor([[[4, 6, 40, 50], [30, 10, 90, 60], [50, 20, 70, 40]],
+                          [[2, 3, 30, 30], [20, 25, 75, 50], [0, 0, 0, 0]]], dtype=torch.float64)
+    box_mask = torch.tensor([[True, True, True], [True, True, False]])
+    feats = torch.rand(2, 3, FEAT, generator=g, dtype=torch.float64) * 3  # post-ReLU pooled features: >= 0
+    batch = {"a_ids": a_ids, "a_mask": a_mask, "b_ids": torch.full((2, 1), MASK),
+             "b_mask": torch.ones(2, 1, dtype=torch.bool), "boxes": boxes, "box_mask": box_mask}
+    # precomputed features enter as visual_input (appearance, boxes), as a RegionFeatureCache's batches do
+    batch["appearance"], batch["boxes_norm"], _ = model.vl_bert.region_features(
+        region_features=feats, image_hw=hw, boxes=boxes, box_mask=box_mask)
+    return batch, questions, feats, hw
+
+
+@pytest.mark.parametrize("visual_size", [H, 48])
+def test_official_vqa_matches_official_forward(tmp_path, visual_size):
+    sd = official_vqa_state(visual_size)
+    model, answers, _ = load_official_vqa(save(tmp_path, sd), answers_file(tmp_path), num_attention_heads=HEADS)
+    assert model.vl_bert.fast_rcnn is None and model.vl_bert.cfg.region_input == "features"
+    assert answers == [f"answer {i}" for i in range(ANSWERS)]
+    model = model.double().eval()
+    clean = {k.removeprefix("module."): v for k, v in sd.items()}
+    batch, questions, feats, hw = vqa_batch(model)
+    with torch.no_grad():
+        ours = model.logits(batch)
+        for b, q in enumerate(questions):
+            n = int(batch["box_mask"][b].sum())
+            ref = official_vqa_logits(clean, q, feats[b, :n], batch["boxes"][b, :n], hw[b].tolist())
+            torch.testing.assert_close(ours[b], ref, atol=1e-5, rtol=0)
+
+
+def test_official_vqa_directory_loads_as_a_finetuned_model(tmp_path):
+    sd = official_vqa_state()
+    out = import_official_vqa(save(tmp_path, sd), answers_file(tmp_path), tmp_path / "vqa",
+                              num_attention_heads=HEADS)
+    task = json.loads((out / "task.json").read_text())
+    assert task["answers"][2] == "answer 2" and task["region_input"] == "features"
+    loaded, info = load_task_model(out, VQATask.rebuild)  # strict: every tensor has its place
+    ref, _, untouched = load_official_vqa(save(tmp_path, sd), answers_file(tmp_path), num_attention_heads=HEADS)
+    # not in a VQA checkpoint, drawn afresh at each initialisation; nothing the VQA forward reads
+    assert sorted(untouched) == ["vl_bert.embeddings.roi_mask_embedding",
+                                 "vl_bert.embeddings.text_only_visual_embedding",
+                                 "vl_bert.pooler.dense.bias", "vl_bert.pooler.dense.weight"]
+    for k, v in ref.state_dict().items():
+        if k not in untouched:
+            torch.testing.assert_close(loaded.state_dict()[k], v.float(), atol=0, rtol=0)
+    model = loaded.double()
+    batch, *_ = vqa_batch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model.logits(batch), ref.double().logits(batch), atol=1e-9, rtol=0)
+
+
+def test_official_vqa_errors_name_what_is_wrong(tmp_path):
+    sd = official_vqa_state()
+    with pytest.raises(ValueError, match="answers_vqa.txt: 4 answers, the checkpoint's classifier has 5"):
+        load_official_vqa(save(tmp_path, sd), answers_file(tmp_path, 4), num_attention_heads=HEADS)
+    two_fc = {k: v for k, v in sd.items() if not k.startswith("module.final_mlp.")}
+    two_fc["module.final_mlp.1.weight"], two_fc["module.final_mlp.1.bias"] = torch.zeros(64, H), torch.zeros(64)
+    two_fc["module.final_mlp.4.weight"], two_fc["module.final_mlp.4.bias"] = torch.zeros(5, 64), torch.zeros(5)
+    with pytest.raises(ValueError, match="final_mlp.1.*'2fc'"):
+        load_official_vqa(save(tmp_path, two_fc), answers_file(tmp_path), num_attention_heads=HEADS)
+    body = {k: v for k, v in sd.items() if not k.startswith("module.final_mlp.")}
+    with pytest.raises(ValueError, match="not a task checkpoint"):
+        load_official_vqa(save(tmp_path, body), answers_file(tmp_path), num_attention_heads=HEADS)
