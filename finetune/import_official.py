@@ -1,21 +1,25 @@
-"""Import an official VL-BERT VQA checkpoint (jackroos/VL-BERT `vqa/modules/resnet_vlbert_for_vqa.py`, e.g.
-`vl-bert_base_res101_vqa-best.model`) as a finetuned model directory of ours (`task.json` + weights), which
-`finetune.common.load_task_model(path, VQATask.rebuild)` loads.
+"""Import an official VL-BERT task checkpoint (jackroos/VL-BERT) as a finetuned model directory of ours
+(`task.json` + weights), which `finetune.common.load_task_model(path, <Task>.rebuild)` loads:
 
-    python -m finetune.import_official --checkpoint vl-bert_base_res101_vqa-best.model \\
+    python -m finetune.import_official --task vqa --checkpoint vl-bert_base_res101_vqa-best.model \\
         --answers data/coco/vqa/answers_vqa.txt --out runs/official_vqa [--tokenizer DIR] [--heads 12]
+    python -m finetune.import_official --task refcoco --checkpoint vl-bert_base_res101_refcoco-best.model \\
+        --out runs/official_refcoco
 
-The body (BERT, visual embeddings, the Fast R-CNN or, for the released VQA models, which ran on precomputed
-bottom-up features, `obj_downsample` alone) goes through `model.import_official`; this file places the task
-head. The official VQA head with CLASSIFIER_TYPE "mlm" (the released configs') is the MLM head's transform
-then a linear layer over the answers, read at the [MASK] of `[CLS] question [SEP] [MASK] [SEP]`: our
-`VQAModel` exactly. Its answer vocabulary is a text file, one answer per line, in the classifier's row order
-(`ANSWER_VOCAB_FILE`); it is not in the checkpoint, so it is required.
-
-A model imported from precomputed features takes them as `region_features` [B, N, 2048] with `image_hw`
-(the official tsv's boxes and features; the whole-image element's feature is the mean of the boxes', as the
-official dataset computes it when the file has no `image_box_feature`). Not supported (an error names them):
-the "1fc"/"2fc" VQA classifiers, and the VCR and RefCOCO+ heads (their input layouts differ from ours).
+The body (BERT, visual embeddings, and the Fast R-CNN, or, for the released VQA models, which ran on
+precomputed bottom-up features, `obj_downsample` alone) goes through `model.import_official`; this file
+places the task head (`final_mlp`):
+- VQA (`vqa/modules/resnet_vlbert_for_vqa.py`, CLASSIFIER_TYPE "mlm" as the released configs): the MLM head's
+  transform then a linear layer over the answers, read at the [MASK] of `[CLS] question [SEP] [MASK] [SEP]`:
+  our `VQAModel` exactly. The answer vocabulary is a text file, one answer per line in the classifier's row
+  order (`ANSWER_VOCAB_FILE`); it is not in the checkpoint, so it is required. A model of precomputed
+  features takes them as `region_features` [B, N, 2048] with `image_hw`; the whole-image element's feature
+  is the mean of the boxes', as the official dataset computes it when its file has no `image_box_feature`.
+- RefCOCO+ (`refcoco/modules/resnet_vlbert_for_refcoco.py`): the MVRC transform (dense + GELU), dropout and a
+  linear layer on each region's output: our `RefModel(head="mvrc")`. The official model also scores the
+  whole-image element (box 0, trained as a negative); ours scores the candidate regions only.
+Not supported (an error names them): the VQA "1fc"/"2fc" classifiers and VCR (its object-tag grounding of
+words and pooled-output classifier differ from ours).
 """
 
 from __future__ import annotations
@@ -36,13 +40,22 @@ from model.import_official import (
 )
 from model.vl_bert import VLBert, VLBertForPretraining
 
+from .refcoco import RefModel
 from .vqa import VQAModel
 
 HEAD = "final_mlp."
-# the official "mlm" classifier: Sequential(BertPredictionHeadTransform, Dropout, Linear) -> VQAModel's parts
-VQA_HEAD = {"final_mlp.0.dense.": "transform.dense.", "final_mlp.0.LayerNorm.": "transform.LayerNorm.",
-            "final_mlp.2.": "classifier."}
-CLASSIFIER_DROPOUT = 0.1  # the official VQA configs' CLASSIFIER_DROPOUT (used in training only)
+CLASSIFIER_DROPOUT = {"vqa": 0.1, "refcoco": 0.0}  # the official configs' CLASSIFIER_DROPOUT (training only)
+# the official final_mlp Sequentials -> our heads, index for index:
+# VQA, CLASSIFIER_TYPE "mlm": (BertPredictionHeadTransform, Dropout, Linear over answers) -> VQAModel
+# RefCOCO+: (VisualLinguisticBertMVRCHeadTransform = dense + GELU, Dropout, Linear to 1) -> RefModel(head="mvrc")
+TASK_HEADS = {
+    "vqa": {"final_mlp.0.dense.": "transform.dense.", "final_mlp.0.LayerNorm.": "transform.LayerNorm.",
+            "final_mlp.2.": "classifier."},
+    "refcoco": {"final_mlp.0.dense.": "scorer.0.dense.", "final_mlp.2.": "scorer.2."},
+}
+HEAD_SHAPE = {"vqa": "the 'mlm' classifier (final_mlp.0 = the MLM transform, final_mlp.2 = linear; the '1fc'/"
+                     "'2fc' classifiers are not supported)",
+              "refcoco": "final_mlp.0 = the MVRC transform (dense + GELU), final_mlp.2 = linear to 1"}
 
 
 def read_answers(path: str | Path) -> list[str]:
@@ -58,81 +71,95 @@ def read_answers(path: str | Path) -> list[str]:
     return answers
 
 
-def vqa_head_state(head: dict[str, torch.Tensor], num_answers: int, answers_file: str | Path) -> dict:
+def head_state(task: str, head: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out, unmapped = {}, []
     for key, value in head.items():
-        for theirs, ours in VQA_HEAD.items():
+        for theirs, ours in TASK_HEADS[task].items():
             if key.startswith(theirs):
                 out[ours + key.removeprefix(theirs)] = value
                 break
         else:
             unmapped.append(key)
-    if unmapped or "classifier.weight" not in out:
-        raise ValueError(f"not the official VQA 'mlm' classifier (final_mlp.0 = transform, final_mlp.2 = linear): "
-                         f"keys {unmapped[:6] or sorted(head)[:6]}; the '1fc'/'2fc' classifiers are not supported")
-    rows = out["classifier.weight"].shape[0]
-    if rows != num_answers:
-        raise ValueError(f"{answers_file}: {num_answers} answers, the checkpoint's classifier has {rows} rows")
+    last = list(TASK_HEADS[task].values())[-1] + "weight"  # the final linear layer
+    if unmapped or last not in out:
+        raise ValueError(f"not the official {task} head, {HEAD_SHAPE[task]}: keys {unmapped[:6] or sorted(head)[:6]}")
     return out
 
 
-def load_official_vqa(checkpoint: str | Path, answers_file: str | Path, **config_options
-                      ) -> tuple[VQAModel, list[str], list[str]]:
-    """Our VQAModel computing what the official one does, its answers, and the names of our tensors the
-    checkpoint does not have (kept at their initialisation: nothing the VQA forward reads)."""
+def build_task_model(task: str, vl_bert: VLBert, answers: list[str] | None) -> torch.nn.Module:
+    if task == "vqa":
+        return VQAModel(vl_bert, len(answers), CLASSIFIER_DROPOUT[task])
+    return RefModel(vl_bert, CLASSIFIER_DROPOUT[task], head="mvrc")
+
+
+def load_official_task(checkpoint: str | Path, task: str, answers_file: str | Path | None = None,
+                       **config_options) -> tuple[torch.nn.Module, list[str] | None, list[str]]:
+    """Our task model (VQAModel, or RefModel with the official scorer) computing what the official one does,
+    the VQA answers (None for RefCOCO+), and the names of our tensors the checkpoint does not have (kept at
+    their initialisation: nothing the task's forward reads)."""
+    if task not in TASK_HEADS:
+        raise ValueError(f"task '{task}' is not one of {sorted(TASK_HEADS)} (VCR checkpoints are not supported)")
+    if (task == "vqa") != (answers_file is not None):
+        raise ValueError("the VQA import needs its answer vocabulary (--answers); RefCOCO+ has none")
     state = read_official_checkpoint(checkpoint)
     head = {k: state.pop(k) for k in list(state) if k.startswith(HEAD)}
     if not head:
         raise ValueError(f"{checkpoint}: no '{HEAD}*' keys: not a task checkpoint (a pretraining one imports with "
                          "`python -m model.import_official`)")
-    answers = read_answers(answers_file)
+    answers = read_answers(answers_file) if task == "vqa" else None
     cfg = official_config(state, **config_options)
-    model = VQAModel(VLBert(cfg), len(answers), CLASSIFIER_DROPOUT)
-    # the body's names are the pretraining model's (`vl_bert.*`), which VQAModel shares
+    model = build_task_model(task, VLBert(cfg), answers)
+    # the body's names are the pretraining model's (`vl_bert.*`), which the task models share
     body = convert_official_state(state, cfg, VLBertForPretraining(cfg).state_dict())
     mapped = {k: v for k, v in body.items() if k.startswith("vl_bert.")}
-    stray = sorted(set(body) - set(mapped))  # MLM/MRC heads: a VQA checkpoint has none, a pretraining one has
+    stray = sorted(set(body) - set(mapped))  # MLM/MRC heads: a task checkpoint has none, a pretraining one has
     if stray:
-        raise ValueError(f"{checkpoint}: pretraining heads in a VQA checkpoint: {stray[:4]}")
-    mapped.update(vqa_head_state(head, len(answers), answers_file))
+        raise ValueError(f"{checkpoint}: pretraining heads in a {task} checkpoint: {stray[:4]}")
+    mapped.update(head_state(task, head))
     own = model.state_dict()
+    if task == "vqa" and mapped["classifier.weight"].shape[0] != len(answers):
+        raise ValueError(f"{answers_file}: {len(answers)} answers, the checkpoint's classifier has "
+                         f"{mapped['classifier.weight'].shape[0]} rows")
     wrong = [f"{k}: {list(v.shape)} for {list(own[k].shape)}" for k, v in mapped.items() if own[k].shape != v.shape]
     if wrong:
-        raise ValueError(f"official tensors do not fit our VQA model: {wrong[:6]}")
+        raise ValueError(f"official tensors do not fit our {task} model: {wrong[:6]}")
     model.load_state_dict(mapped, strict=False)
     untouched = [k for k in own if k not in mapped]
     return model.eval(), answers, untouched
 
 
-def import_official_vqa(checkpoint: str | Path, answers_file: str | Path, out: str | Path,
-                        tokenizer_dir: str | Path | None = None, **config_options) -> Path:
-    """Write the checkpoint as a finetuned VQA model directory; returns it."""
-    model, answers, untouched = load_official_vqa(checkpoint, answers_file, **config_options)
+def import_official_task(checkpoint: str | Path, task: str, out: str | Path, answers_file: str | Path | None = None,
+                         tokenizer_dir: str | Path | None = None, **config_options) -> Path:
+    """Write the checkpoint as a finetuned model directory (`load_task_model(out, <Task>.rebuild)`); returns it."""
+    model, answers, untouched = load_official_task(checkpoint, task, answers_file, **config_options)
     cfg = model.vl_bert.cfg
     image = official_image_preprocessing(cfg)
     out = save_pretrained(model.state_dict(), cfg, out, tokenizer_dir, image=image,
-                          source={"task": "vqa", "official_checkpoint": Path(checkpoint).name,
+                          source={"task": task, "official_checkpoint": Path(checkpoint).name,
                                   "not_in_checkpoint": ",".join(untouched)})
-    task = {"task": "vqa", "answers": answers, "prior": {}, "classifier_dropout": CLASSIFIER_DROPOUT,
+    info = {"task": task, "classifier_dropout": CLASSIFIER_DROPOUT[task],
             "image": {"short_side": image["short_side"], "long_side": image["long_side"]},
             "region_input": cfg.region_input, "official_checkpoint": Path(checkpoint).name}
-    (out / "task.json").write_text(json.dumps(task, indent=1))
+    info.update({"answers": answers, "prior": {}} if task == "vqa" else {"head": "mvrc"})
+    (out / "task.json").write_text(json.dumps(info, indent=1))
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", required=True, help="official VQA .model file (a torch pickle)")
-    ap.add_argument("--answers", required=True, help="the official answer vocabulary (answers_vqa.txt)")
+    ap.add_argument("--task", required=True, choices=sorted(TASK_HEADS))
+    ap.add_argument("--checkpoint", required=True, help="official task .model file (a torch pickle)")
+    ap.add_argument("--answers", help="VQA: the official answer vocabulary (answers_vqa.txt)")
     ap.add_argument("--out", required=True, help="finetuned model directory to write")
     ap.add_argument("--tokenizer", help="directory with the BERT vocab.txt the official model used (copied)")
     ap.add_argument("--heads", type=int, help="attention heads (default hidden/64: 12 base, 16 large)")
     args = ap.parse_args(argv)
-    path = import_official_vqa(args.checkpoint, args.answers, args.out, args.tokenizer,
-                               num_attention_heads=args.heads)
-    task = json.loads((path / "task.json").read_text())
-    print(f"wrote {path}: VQA over {len(task['answers'])} answers, region input {task['region_input']}")
+    path = import_official_task(args.checkpoint, args.task, args.out, args.answers, args.tokenizer,
+                                num_attention_heads=args.heads)
+    info = json.loads((path / "task.json").read_text())
+    what = f"VQA over {len(info['answers'])} answers" if args.task == "vqa" else "RefCOCO+ region scorer"
+    print(f"wrote {path}: {what}, region input {info['region_input']}")
     return 0
 
 

@@ -30,12 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import box_iou
+from model.heads import BertPredictionHeadTransform
 from pretrain.engine import entry_point
 from shards.coco import CocoFormatError, read_instances, xywh_to_xyxy
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 
-from .common import FinetuneConfig, encode, eval_batches, finetune_main, pad_lists
+from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
 
 SPLITS = ("train", "val", "testA", "testB", "test")
 
@@ -108,6 +109,9 @@ class RefConfig(FinetuneConfig):
     track: str = "gt"  # gt | detected
     positive_iou: float = 0.5  # training label: IoU > this with the referred box
     classifier_dropout: float = 0.1
+    # the region scorer: "mlp" (dropout, linear, ReLU, dropout, linear; this system's default, docs/FINETUNE.md)
+    # or "mvrc", the official code's: the pretrained MRC head's transform, dropout, then a linear layer
+    head: str = "mlp"
 
 
 class RefSet:
@@ -175,12 +179,18 @@ class RefSet:
 # --- the model ------------------------------------------------------------------------------------------------
 
 class RefModel(nn.Module):
-    def __init__(self, vl_bert, dropout: float):
+    def __init__(self, vl_bert, dropout: float, head: str = "mlp"):
         super().__init__()
         h = vl_bert.cfg.hidden_size
         self.vl_bert = vl_bert
-        self.scorer = nn.Sequential(nn.Dropout(dropout), nn.Linear(h, h), nn.ReLU(), nn.Dropout(dropout),
-                                    nn.Linear(h, 1))
+        if head == "mlp":
+            self.scorer = nn.Sequential(nn.Dropout(dropout), nn.Linear(h, h), nn.ReLU(), nn.Dropout(dropout),
+                                        nn.Linear(h, 1))
+        elif head == "mvrc":  # refcoco/modules/resnet_vlbert_for_refcoco.py's final_mlp, index for index
+            self.scorer = nn.Sequential(BertPredictionHeadTransform(vl_bert.cfg, norm=vl_bert.cfg.mrc_head_norm),
+                                        nn.Dropout(dropout), nn.Linear(h, 1))
+        else:
+            raise ValueError(f"head: '{head}' is not mlp or mvrc")
         for m in self.scorer:
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=vl_bert.cfg.initializer_range)
@@ -213,13 +223,16 @@ class RefTask:
 
     @staticmethod
     def build_module(pretrained, cfg: RefConfig, train: RefSet):
-        return RefModel(pretrained.vl_bert, cfg.classifier_dropout), {
-            "task": "refcoco", "track": cfg.track, "classifier_dropout": cfg.classifier_dropout,
+        model = RefModel(pretrained.vl_bert, cfg.classifier_dropout, cfg.head)
+        if cfg.head == "mvrc":  # as the official PARTIAL_PRETRAIN_PREFIX_CHANGES: mvrc_head.transform -> final_mlp.0
+            copy_transform(model.scorer[0], pretrained.masked_roi_classification.transform)
+        return model, {
+            "task": "refcoco", "track": cfg.track, "classifier_dropout": cfg.classifier_dropout, "head": cfg.head,
             "image": vars(cfg.image), "max_query_tokens": cfg.data.max_query_tokens}
 
     @staticmethod
     def rebuild(vl_bert, info: dict):
-        return RefModel(vl_bert, info["classifier_dropout"])
+        return RefModel(vl_bert, info["classifier_dropout"], info.get("head", "mlp"))
 
     @staticmethod
     @torch.no_grad()

@@ -1,9 +1,12 @@
-"""The official VQA checkpoint import: a state dict with the official VQA module's names and shapes (the released
-models ran on precomputed features: `obj_downsample` is all of their Fast R-CNN) gives a VQAModel whose answer
-logits equal a hand-written reference of the official forward (`vqa/modules/resnet_vlbert_for_vqa.py`:
+"""The official task checkpoint import. A state dict with the official VQA module's names and shapes (the
+released models ran on precomputed features: `obj_downsample` is all of their Fast R-CNN) gives a VQAModel
+whose answer logits equal a hand-written reference of the official forward (`vqa/modules/resnet_vlbert_for_vqa.py`:
 `prepare_text_from_qa` with a one-[MASK] answer, `FastRCNN` with IMAGE_FEAT_PRECOMPUTED, the whole image as
 box 0 with the boxes' mean feature as `vqa/data/datasets/vqa.py` adds it, `final_mlp` of CLASSIFIER_TYPE
-'mlm' at the [MASK]) to 1e-5; and the directory it writes loads as a finetuned model."""
+'mlm' at the [MASK]) to 1e-5. The same for RefCOCO+ end to end (`refcoco/modules/resnet_vlbert_for_refcoco.py`:
+`[CLS] expression [SEP]`, every word with the whole image's obj_rep, `final_mlp` = MVRC transform + linear on
+each region's output), reusing the pretraining import's reference of the official Fast R-CNN. The directories
+written load as finetuned models."""
 
 from __future__ import annotations
 
@@ -14,13 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from finetune.common import load_task_model
-from finetune.import_official import import_official_vqa, load_official_vqa
+from finetune.import_official import import_official_task, load_official_task
+from finetune.refcoco import RefTask
 from finetune.vqa import VQATask
 from tests.model.test_import_official import (
     HEADS,
     H,
+    batch,
     coordinate_embeddings,
     layer_norm,
+    official_obj_reps,
     official_sequence,
     official_state,
     save,
@@ -95,7 +101,7 @@ def vqa_batch(model, seed=5):
 @pytest.mark.parametrize("visual_size", [H, 48])
 def test_official_vqa_matches_official_forward(tmp_path, visual_size):
     sd = official_vqa_state(visual_size)
-    model, answers, _ = load_official_vqa(save(tmp_path, sd), answers_file(tmp_path), num_attention_heads=HEADS)
+    model, answers, _ = load_official_task(save(tmp_path, sd), "vqa", answers_file(tmp_path), num_attention_heads=HEADS)
     assert model.vl_bert.fast_rcnn is None and model.vl_bert.cfg.region_input == "features"
     assert answers == [f"answer {i}" for i in range(ANSWERS)]
     model = model.double().eval()
@@ -111,12 +117,12 @@ def test_official_vqa_matches_official_forward(tmp_path, visual_size):
 
 def test_official_vqa_directory_loads_as_a_finetuned_model(tmp_path):
     sd = official_vqa_state()
-    out = import_official_vqa(save(tmp_path, sd), answers_file(tmp_path), tmp_path / "vqa",
-                              num_attention_heads=HEADS)
+    out = import_official_task(save(tmp_path, sd), "vqa", tmp_path / "vqa", answers_file(tmp_path),
+                               num_attention_heads=HEADS)
     task = json.loads((out / "task.json").read_text())
     assert task["answers"][2] == "answer 2" and task["region_input"] == "features"
     loaded, info = load_task_model(out, VQATask.rebuild)  # strict: every tensor has its place
-    ref, _, untouched = load_official_vqa(save(tmp_path, sd), answers_file(tmp_path), num_attention_heads=HEADS)
+    ref, _, untouched = load_official_task(save(tmp_path, sd), "vqa", answers_file(tmp_path), num_attention_heads=HEADS)
     # not in a VQA checkpoint, drawn afresh at each initialisation; nothing the VQA forward reads
     assert sorted(untouched) == ["vl_bert.embeddings.roi_mask_embedding",
                                  "vl_bert.embeddings.text_only_visual_embedding",
@@ -133,12 +139,66 @@ def test_official_vqa_directory_loads_as_a_finetuned_model(tmp_path):
 def test_official_vqa_errors_name_what_is_wrong(tmp_path):
     sd = official_vqa_state()
     with pytest.raises(ValueError, match="answers_vqa.txt: 4 answers, the checkpoint's classifier has 5"):
-        load_official_vqa(save(tmp_path, sd), answers_file(tmp_path, 4), num_attention_heads=HEADS)
+        load_official_task(save(tmp_path, sd), "vqa", answers_file(tmp_path, 4), num_attention_heads=HEADS)
     two_fc = {k: v for k, v in sd.items() if not k.startswith("module.final_mlp.")}
     two_fc["module.final_mlp.1.weight"], two_fc["module.final_mlp.1.bias"] = torch.zeros(64, H), torch.zeros(64)
     two_fc["module.final_mlp.4.weight"], two_fc["module.final_mlp.4.bias"] = torch.zeros(5, 64), torch.zeros(5)
-    with pytest.raises(ValueError, match="final_mlp.1.*'2fc'"):
-        load_official_vqa(save(tmp_path, two_fc), answers_file(tmp_path), num_attention_heads=HEADS)
+    with pytest.raises(ValueError, match="'2fc'.*final_mlp.1.weight"):
+        load_official_task(save(tmp_path, two_fc), "vqa", answers_file(tmp_path), num_attention_heads=HEADS)
     body = {k: v for k, v in sd.items() if not k.startswith("module.final_mlp.")}
     with pytest.raises(ValueError, match="not a task checkpoint"):
-        load_official_vqa(save(tmp_path, body), answers_file(tmp_path), num_attention_heads=HEADS)
+        load_official_task(save(tmp_path, body), "vqa", answers_file(tmp_path), num_attention_heads=HEADS)
+    with pytest.raises(ValueError, match="needs its answer vocabulary"):
+        load_official_task(save(tmp_path, sd), "vqa", num_attention_heads=HEADS)
+    with pytest.raises(ValueError, match="'vcr' is not one of"):
+        load_official_task(save(tmp_path, sd), "vcr", num_attention_heads=HEADS)
+
+
+# --- RefCOCO+ -------------------------------------------------------------------------------------------------
+
+def official_refcoco_state(seed: int = 4) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    body = {k.removeprefix("module."): v for k, v in official_state(H, seed).items()}
+    drop = ("vlbert.mlm_head.", "vlbert.mvrc_head.", "object_mask_word_embedding.", "aux_text_visual_embedding.")
+    sd = {k: v for k, v in body.items() if not k.startswith(drop)}
+    sd["vlbert.word_embeddings.weight"] = torch.randn(VOCAB, H, generator=g) * 0.5
+    sd["final_mlp.0.dense.weight"] = torch.randn(H, H, generator=g) * 0.2
+    sd["final_mlp.0.dense.bias"] = torch.randn(H, generator=g) * 0.1
+    sd["final_mlp.2.weight"] = torch.randn(1, H, generator=g) * 0.3
+    sd["final_mlp.2.bias"] = torch.randn(1, generator=g) * 0.1
+    return {"module." + k: v for k, v in sd.items()}
+
+
+def test_official_refcoco_matches_official_forward(tmp_path):
+    sd = official_refcoco_state()
+    model, answers, untouched = load_official_task(save(tmp_path, sd), "refcoco", num_attention_heads=HEADS)
+    assert answers is None and model.vl_bert.cfg.region_input == "pixels"
+    model = model.double().eval()
+    sizes, images, boxes, box_mask, _, _, _ = batch()
+    expressions = [[7, 30, 44, 9], [12, 50]]
+    a_ids = torch.tensor([e + [0] * (4 - len(e)) for e in expressions])
+    a_mask = torch.tensor([[True] * len(e) + [False] * (4 - len(e)) for e in expressions])
+    ours_batch = {"a_ids": a_ids, "a_mask": a_mask, "images": images, "image_sizes": torch.tensor(sizes),
+                  "boxes": boxes, "box_mask": box_mask}
+    clean = {k.removeprefix("module."): v for k, v in sd.items()}
+    with torch.no_grad():
+        ours = model.logits(ours_batch)
+        reps = official_obj_reps(clean, images, sizes, boxes, torch.zeros_like(box_mask))
+        for b, e in enumerate(expressions):
+            n = int(box_mask[b].sum())
+            ids = torch.tensor([CLS, *e, SEP])
+            hidden = official_sequence(clean, ids, reps[b][:1], reps[b][: n + 1],
+                                       torch.zeros(n + 1, dtype=torch.bool))
+            regions = hidden[len(ids): len(ids) + n + 1]
+            dense_w, dense_b = clean["final_mlp.0.dense.weight"].double(), clean["final_mlp.0.dense.bias"].double()
+            t = F.gelu(regions @ dense_w.T + dense_b)
+            ref = (t @ clean["final_mlp.2.weight"].double().T + clean["final_mlp.2.bias"].double()).squeeze(-1)
+            # the official model scores the whole image too (ref[0]); ours the candidate regions
+            torch.testing.assert_close(ours[b, :n], ref[1:], atol=1e-5, rtol=0)
+            assert torch.isinf(ours[b, n:]).all()
+    out = import_official_task(save(tmp_path, sd), "refcoco", tmp_path / "refcoco", num_attention_heads=HEADS)
+    loaded, info = load_task_model(out, RefTask.rebuild)
+    assert info["head"] == "mvrc"
+    for k, v in model.state_dict().items():
+        if k not in untouched:
+            torch.testing.assert_close(loaded.state_dict()[k].double(), v, atol=0, rtol=0)
