@@ -202,3 +202,22 @@ def test_official_refcoco_matches_official_forward(tmp_path):
     for k, v in model.state_dict().items():
         if k not in untouched:
             torch.testing.assert_close(loaded.state_dict()[k].double(), v, atol=0, rtol=0)
+
+
+def test_refcoco_mvrc_head_starts_from_the_pretrained_mrc_transform():
+    """head=mvrc in finetuning: the scorer's transform is the pretrained MRC head's (as the official
+    PARTIAL_PRETRAIN_PREFIX_CHANGES map it), and a saved task's info rebuilds the same head."""
+    from finetune.refcoco import RefConfig
+    from model.config import model_config
+    from model.vl_bert import VLBertForPretraining
+
+    pretrained = VLBertForPretraining(model_config("tiny", updates={"region_input": "features"}))
+    model, info = RefTask.build_module(pretrained, RefConfig(head="mvrc"), None)
+    mrc = pretrained.masked_roi_classification.transform.state_dict()
+    assert set(model.scorer[0].state_dict()) == set(mrc)
+    for k, v in mrc.items():
+        assert torch.equal(model.scorer[0].state_dict()[k], v)
+    rebuilt = RefTask.rebuild(pretrained.vl_bert, info)
+    assert [type(m) for m in rebuilt.scorer] == [type(m) for m in model.scorer]
+    with pytest.raises(ValueError, match="head: 'x' is not mlp or mvrc"):
+        RefTask.build_module(pretrained, RefConfig(head="x"), None)
