@@ -18,8 +18,9 @@ places the task head (`final_mlp`):
 - RefCOCO+ (`refcoco/modules/resnet_vlbert_for_refcoco.py`): the MVRC transform (dense + GELU), dropout and a
   linear layer on each region's output: our `RefModel(head="mvrc")`. The official model also scores the
   whole-image element (box 0, trained as a negative); ours scores the candidate regions only.
-Not supported (an error names them): the VQA "1fc"/"2fc" classifiers and VCR (its object-tag grounding of
-words and pooled-output classifier differ from ours).
+Not supported (an error names them): the VQA "1fc"/"2fc" classifiers, and VCR, whose official forward
+multiplies each region's res5 map by its 14x14 segmentation mask before pooling (our Fast R-CNN pools the
+box) and classifies the pooler's output (ours reads the [CLS] state).
 """
 
 from __future__ import annotations

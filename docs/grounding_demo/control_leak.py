@@ -54,7 +54,19 @@ class Frozen(torch.nn.Module):
         return self.classifier(self.feature.to(x.dtype)).expand(*x.shape[:-1], -1)
 
 
-def measure(model, data: PhraseData, device: str, desc: str) -> dict[str, np.ndarray]:
+def silence_constant_channels(model, below: float) -> dict[str, int]:
+    """Standardiser channels whose running variance is below `below` (constant over pretraining: the control's
+    grey images give 159 such region channels) output 0, whatever the input. Returns the count per standardiser."""
+    counts = {}
+    for name in ("appearance_standardiser", "whole_image_standardiser"):
+        std = getattr(model.vl_bert.embeddings, name)
+        dead = std.running_var < below
+        std.running_var[dead] = float("inf")  # rsqrt(inf) = 0: the channel's deviation from its mean is dropped
+        counts[name] = int(dead.sum())
+    return counts
+
+
+def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "frozen")) -> dict[str, np.ndarray]:
     ablator = Ablator(model, device)
     ablator.fit_means(data.batches())
     detector = model.vl_bert.fast_rcnn
@@ -64,6 +76,8 @@ def measure(model, data: PhraseData, device: str, desc: str) -> dict[str, np.nda
     for b in tqdm(data.batches(), total=math.ceil(len(data) / data.cfg.batch_size), desc=desc):
         b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
         for name, (obj, attr) in (("live", live), ("frozen", frozen)):
+            if name not in variants:
+                continue
             detector.object_classifier, detector.attribute_classifier = obj, attr
             for cond in ("none", "all"):
                 out.setdefault(f"{name}/{cond}", []).append(
@@ -77,6 +91,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
     p.add_argument("--out", default="docs/grounding_demo/long_s17/control_leak.md")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--variants", default="live,frozen", help="region words: live, frozen or both")
+    p.add_argument("--silence-below", type=float, metavar="VAR",
+                   help="standardiser channels with running variance below VAR output 0 (constant in pretraining)")
     p.add_argument("overrides", nargs="*", help="DiagnosticConfig fields as key=value")
     args = p.parse_args(argv)
     cfg = load_config(DiagnosticConfig, None, args.overrides)
@@ -85,11 +102,14 @@ def main(argv=None) -> int:
     for spec in args.model:
         name, _, path = spec.partition("=")
         model = load_pretrained(path).to(args.device).eval()
+        if args.silence_below is not None:
+            print(f"{name}: silenced channels {silence_constant_channels(model, args.silence_below)}", flush=True)
         data = PhraseData(cfg, load_tokenizer(path), model.cfg.fast_rcnn.num_classes, feature_extractor(model))
-        values = measure(model, data, args.device, name)
+        variants = tuple(args.variants.split(","))
+        values = measure(model, data, args.device, name, variants)
         clusters = np.array([it.image_id for it in data.items])
         report[name] = {}
-        for variant in ("live", "frozen"):
+        for variant in variants:
             diff = values[f"{variant}/all"] - values[f"{variant}/none"]
             s = clustered_bootstrap(diff, clusters, resamples=cfg.bootstrap, seed=cfg.seed)
             none = clustered_bootstrap(values[f"{variant}/none"], clusters, resamples=cfg.bootstrap, seed=cfg.seed)
@@ -101,7 +121,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("### V4L all - none with the region word terms live or frozen to the dataset mean\n\n"
-                   "| model | region words | none (bits) | all - none (bits, 95% interval by image) | phrases / images |\n"
+                   "| model | region words | none (bits) | all - none (bits, 95% interval by image) "
+                   "| phrases / images |\n"
                    "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     print(f"written: {out}")
