@@ -21,8 +21,10 @@ SUITE = {
     "transformer_step": [],
     "decoding": ["--size", "mini", "--batch", "32", "--lengths", "10", "40", "--repeats", "7"],
     "zero_memory": [],
+    "resume": [],
 }
-QUICK = {"loader": ["--repeats", "1", "--samples", "320"], "pretrain_step": ["--repeats", "1", "--steps", "2"],
+QUICK = {"loader": ["--repeats", "1", "--samples", "320"], "resume": ["--repeats", "1"],
+         "pretrain_step": ["--repeats", "1", "--steps", "2"],
          "transformer_step": ["--repeats", "1", "--steps", "1"], "decoding": ["--repeats", "1"]}
 
 

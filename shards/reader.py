@@ -8,9 +8,12 @@ Splitting: every (rank, worker) pair is a *role*. With at least as many shards a
 reads its own shards; with fewer, every role reads all shards and keeps every n-th record, so ranks
 still see disjoint data (a tiny demo corpus on 2 ranks x 2 workers works).
 
-Exact resume: a role's position is (epoch, records pulled this epoch). Records are shuffled
-before decoding, so a restored role replays its epoch's tar records up to the position without
-decoding any image, and then continues with the identical shuffle state. Batches are numbered
+Exact resume in O(1): a role's position names the shard and member its tar stream stands at, the
+records in its shuffle buffer by (shard, member) and the buffer's random state. Records are shuffled
+before decoding, so a restored role reads again only the shards its buffered records and its cursor
+lie in (a few, whatever the position in the epoch), decoding nothing, and continues with the identical
+shuffle state (`bench/resume.py`: the cost at 90% of an epoch against 10%). A position saved in the
+older form, (epoch, records pulled), replays the epoch's records up to it. Batches are numbered
 `k * workers + worker`; the DataLoader delivers them in that order, and on resume its workers are
 rotated so that worker 0 produces the next batch due.
 
@@ -140,19 +143,51 @@ def decode_resized(data: bytes, short_side: int, long_side: int) -> tuple[torch.
 
 # --- one source (captions or text) for one role ------------------------------------------------------
 
+def source_position(saved) -> dict | tuple[int, int]:
+    """A saved source position: the current dict, or the (epoch, records pulled) pair of older checkpoints."""
+    return saved if isinstance(saved, dict) else tuple(saved)
+
+
 class _Source:
-    """A role's deterministic record stream over one shard set, with a resumable position."""
+    """A role's deterministic record stream over one shard set, with a resumable position.
+
+    The position (`state`) names where the tar stream stands (the shard of the role's order and the member in
+    it, plus the count of records read, which the fewer-shards-than-roles split keys on), the records in the
+    shuffle buffer by (shard, member) in buffer order, and the buffer's random state. A restored role reads
+    again only the shards those records and the cursor lie in: the buffer holds `buffer` records, each leaving
+    it with probability 1/buffer per draw, so they come from the last few buffers' worth of records, whatever
+    the position in the epoch (O(1) in the epoch, not O(position)). A position saved before this form,
+    (epoch, records pulled), still resumes by replaying the epoch's records up to it."""
 
     def __init__(self, urls: list[str], role: int, parts: int, seed: int, buffer: int, decode, skips: SkipLog,
-                 epochs: int | None, state: tuple[int, int] | None):
+                 epochs: int | None, state: tuple[int, int] | dict | None):
         self.urls, self.role, self.parts, self.seed, self.buffer = urls, role, parts, seed, buffer
         self.decode, self.skips, self.epochs = decode, skips, epochs
-        self.epoch, self.pulled = state if state is not None else (0, 0)
         self._bad_tars: set[str] = set()  # shards reported unreadable in this pass
+        self.replay_to = 0  # a legacy position: records of the epoch to replay before yielding
+        self.restore: dict | None = None  # a position to restore the buffer from
+        self.records_read = 0  # tar records read by this process (resume cost, for tests and benches)
+        if isinstance(state, dict):
+            self.epoch, self.pulled = state["epoch"], state["pulled"]
+            self.restore = state if state.get("rng") is not None else None
+        else:
+            self.epoch, self.pulled = state if state is not None else (0, 0)
+            self.replay_to = self.pulled
+        self._reset()
+
+    def _reset(self) -> None:
+        self._buf: list[dict] = []
+        self._keys: list[tuple[int, int]] = []  # (shard position, member) of each buffered record
+        self._cursor = (0, 0, 0)  # next record: shard position, member in it, records read before it
+        self._draining = False  # the epoch's records are all read: the buffer empties in its final order
+        self._rng: random.Random | None = None
 
     @property
-    def state(self) -> tuple[int, int]:
-        return self.epoch, self.pulled
+    def state(self) -> dict:
+        rng = self._rng.getstate() if self._rng is not None else None
+        return {"epoch": self.epoch, "pulled": self.pulled, "cursor": list(self._cursor),
+                "buffer": [list(k) for k in self._keys], "draining": self._draining,
+                "rng": None if rng is None else [rng[0], list(rng[1]), rng[2]]}
 
     def _handler(self, exn: Exception) -> bool:
         # A tar cut inside a member's data fails twice in webdataset: in the member loop (the message names the
@@ -169,34 +204,93 @@ class _Source:
         self.skips.skip("unreadable or truncated tar", str(url), f"{type(exn).__name__}: {message.split(' @ <')[0]}")
         return True
 
-    def _records(self, epoch: int) -> Iterator[dict]:
-        self._bad_tars = set()
+    def _order(self, epoch: int) -> tuple[list[str], bool]:
         order = list(self.urls)
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         by_shard = len(order) >= self.parts
-        mine = order[self.role::self.parts] if by_shard else order
-        records = wds.tarfile_to_samples(handler=self._handler)(iter([{"url": u} for u in mine]))
-        if not by_shard:
-            records = (r for i, r in enumerate(records) if i % self.parts == self.role)
-        # Seeded shuffle buffer, before decoding: replaying it on resume costs tar reads only.
-        rng = random.Random((self.seed * 1_000_003 + epoch) * 7919 + self.role)
-        buf: list[dict] = []
-        for record in records:
-            buf.append(record)
-            if len(buf) >= self.buffer:
-                j = rng.randrange(len(buf))
-                buf[j], buf[-1] = buf[-1], buf[j]
-                yield buf.pop()
-        rng.shuffle(buf)
-        yield from buf
+        return (order[self.role::self.parts] if by_shard else order), by_shard
+
+    def _shard(self, url: str) -> Iterator[dict]:
+        for record in wds.tarfile_to_samples(handler=self._handler)(iter([{"url": url}])):
+            self.records_read += 1
+            yield record
+
+    def _read(self, mine: list[str], by_shard: bool, cursor: tuple[int, int, int]) -> Iterator[dict]:
+        """The role's records from `cursor` on, each followed by the cursor after it. With fewer shards than
+        roles every role reads every shard and keeps the records whose running count is its own."""
+        shard, member, count = cursor
+        for pos in range(shard, len(mine)):
+            for j, record in enumerate(self._shard(mine[pos])):
+                if pos == shard and j < member:
+                    continue  # read before the position: counted in `count` already
+                mine_too = by_shard or count % self.parts == self.role
+                count += 1
+                self._cursor = (pos, j + 1, count)
+                if mine_too:
+                    yield record
+
+    def _restore(self, mine: list[str], saved: dict) -> None:
+        """The buffer and random state of a saved position, reading only the shards its records lie in."""
+        keys = [tuple(k) for k in saved["buffer"]]
+        wanted: dict[int, set[int]] = {}
+        for pos, j in keys:
+            wanted.setdefault(pos, set()).add(j)
+        found: dict[tuple[int, int], dict] = {}
+        for pos, members in sorted(wanted.items()):
+            last = max(members)
+            for j, record in enumerate(self._shard(mine[pos])):
+                if j in members:
+                    found[pos, j] = record
+                if j >= last:
+                    break
+        missing = [k for k in keys if k not in found]
+        if missing:
+            raise RuntimeError(f"resuming role {self.role}: shard records {missing[:3]} of the saved shuffle buffer "
+                               f"are gone ({mine[missing[0][0]]}): the shards changed since the checkpoint")
+        self._keys, self._buf = keys, [found[k] for k in keys]
+        self._cursor, self._draining = tuple(saved["cursor"]), saved["draining"]
+        version, internal, gauss = saved["rng"]
+        self._rng = random.Random()
+        self._rng.setstate((version, tuple(internal), gauss))
+
+    def _records(self, epoch: int) -> Iterator[dict]:
+        self._bad_tars = set()
+        mine, by_shard = self._order(epoch)
+        if self.restore is not None:
+            self._restore(mine, self.restore)
+            self.restore = None
+        else:
+            self._reset()
+            # Seeded shuffle buffer, before decoding: restoring it on resume costs tar reads only.
+            self._rng = random.Random((self.seed * 1_000_003 + epoch) * 7919 + self.role)
+        buf, keys, rng = self._buf, self._keys, self._rng
+        if not self._draining:
+            for record in self._read(mine, by_shard, self._cursor):
+                buf.append(record)
+                keys.append((self._cursor[0], self._cursor[1] - 1))  # the record's own shard and member
+                if len(buf) >= self.buffer:
+                    j = rng.randrange(len(buf))
+                    buf[j], buf[-1] = buf[-1], buf[j]
+                    keys[j], keys[-1] = keys[-1], keys[j]
+                    keys.pop()
+                    yield buf.pop()
+            order = list(range(len(buf)))
+            rng.shuffle(order)
+            # the rest in a shuffled order, kept as a stack (last = next) so a position inside it is the stack
+            buf[:] = [buf[i] for i in reversed(order)]
+            keys[:] = [keys[i] for i in reversed(order)]
+            self._draining = True
+        while buf:
+            keys.pop()
+            yield buf.pop()
 
     def __iter__(self) -> Iterator[dict]:
         while self.epochs is None or self.epoch < self.epochs:
-            n = 0
+            n = self.pulled if self.replay_to == 0 else 0
             for record in self._records(self.epoch):
                 n += 1
-                if n <= self.pulled:
-                    continue  # replaying up to the restored position
+                if n <= self.replay_to:
+                    continue  # a legacy position: replaying up to it
                 self.pulled = n
                 where = f"{record.get('__url__', '?')}:{record.get('__key__', '?')}"
                 try:
@@ -206,10 +300,12 @@ class _Source:
                     continue
                 self.skips.ok()
                 yield sample
+            self.replay_to = 0
             if n == 0:
                 raise RuntimeError(f"role {self.role} of {self.parts} got no records from {len(self.urls)} "
                                    f"shard(s) ({self.urls[:2]}...): fewer samples than ranks x workers?")
             self.epoch, self.pulled = self.epoch + 1, 0
+            self._reset()
 
 
 def length_groups(lengths: list, size: int, rng: random.Random) -> list[list[int]]:
@@ -240,7 +336,7 @@ class _Batches:
     def __init__(self, source: _Source, size: int, pool: int, length, seed: int, state: dict | None):
         self.source, self.size, self.pool, self.length, self.seed = source, size, max(1, pool), length, seed
         state = state or {"source": source.state, "pool": 0, "done": 0}
-        self.start, self.pool_index, self.done = tuple(state["source"]), state["pool"], state["done"]
+        self.start, self.pool_index, self.done = source_position(state["source"]), state["pool"], state["done"]
 
     @property
     def state(self) -> dict:
@@ -472,7 +568,7 @@ class MixedStream(IterableDataset):
             if saved is not None and not isinstance(saved, dict):  # a position saved before length buckets
                 saved = {"source": saved, "pool": 0, "done": 0}
             src = _Source(urls, role, parts, seed, cfg.shuffle_buffer, decode, skips, cfg.epochs,
-                          tuple(saved["source"]) if saved else None)
+                          source_position(saved["source"]) if saved else None)
             return _Batches(src, size, cfg.length_buckets, length, seed, saved)
 
         captions = source(self.caption_urls, CaptionDecoder(cfg), "caption", cfg.caption_batch_size, caption_length)
