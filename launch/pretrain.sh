@@ -11,6 +11,9 @@
 #   --gpus N             processes per node [NUM_GPUS]; default: all local GPUs, or CPU_PROCS (2) on CPU
 #   --hostfile FILE      deepspeed hostfile for several nodes [HOSTFILE]
 #   --master-addr ADDR   [MASTER_ADDR]      --master-port PORT   [MASTER_PORT, default 29500]
+#   --node-rank R        [NODE_RANK] without ssh: start this node's ranks only (run once on every node of the
+#                        hostfile, R = its line, 0 = the master's); Kubernetes, SLURM, any scheduler that starts
+#                        one command per node. Needs --hostfile and --master-addr.
 #   --resume             continue from the newest complete checkpoint
 #   --overwrite          replace a previous run in engine.run_dir (a new run refuses one otherwise)
 #   --skip-batches S,..  with --resume: drop the batches of these steps (as <run_dir>/nonfinite.jsonl names)
@@ -24,6 +27,7 @@ gpus="${NUM_GPUS:-}"
 hostfile="${HOSTFILE:-}"
 master_addr="${MASTER_ADDR:-}"
 master_port="${MASTER_PORT:-29500}"
+node_rank="${NODE_RANK:-}"
 passthrough=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,11 +36,16 @@ while [ $# -gt 0 ]; do
     --hostfile) hostfile="$2"; shift 2 ;;
     --master-addr) master_addr="$2"; shift 2 ;;
     --master-port) master_port="$2"; shift 2 ;;
-    -h|--help) sed -n '3,17p' "$0" | cut -c3-; exit 0 ;;
+    --node-rank) node_rank="$2"; shift 2 ;;
+    -h|--help) sed -n '3,20p' "$0" | cut -c3-; exit 0 ;;
     *) passthrough+=("$1"); shift ;;
   esac
 done
 [ -f "$config" ] || { echo "launch/pretrain.sh: config '$config' not found" >&2; exit 2; }
+if [ -n "$node_rank" ] && { [ -z "$hostfile" ] || [ -z "$master_addr" ]; }; then
+  echo "launch/pretrain.sh: --node-rank starts one node of a hostfile's job: give --hostfile and --master-addr" >&2
+  exit 2
+fi
 command -v deepspeed >/dev/null || { echo "launch/pretrain.sh: 'deepspeed' is not on PATH (pip install -e .)" >&2; exit 2; }
 local_gpus="$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
 if [ "$local_gpus" = "0" ]; then
@@ -72,11 +81,13 @@ fi
 launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
 [ -n "$hostfile" ] && launcher+=(--hostfile "$hostfile")
 [ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")
+# without ssh the launcher starts this node's ranks as its own children, as on one node
+[ -n "$node_rank" ] && launcher+=(--no_ssh --node_rank "$node_rank")
 echo "launch/pretrain.sh: $gpus process(es) per node${DS_ACCELERATOR:+ on CPU}, config $config" >&2
 # not exec: the stage times are printed once the ranks are done
 source "$here/_signals.sh"
 status=0
-forward_signals "$([ -n "$hostfile" ] && echo direct || echo ranks)" \
+forward_signals "$([ -n "$hostfile" ] && [ -z "$node_rank" ] && echo direct || echo ranks)" \
   "${launcher[@]}" "$0" --config "$config" ${passthrough[@]+"${passthrough[@]}"} || status=$?
 stage_done "pretraining (with its final evaluation)"
 echo "launch/pretrain.sh: wall time by stage: $(IFS=,; echo "${stages[*]}" | sed 's/,/, /g'); total $SECONDS s" >&2

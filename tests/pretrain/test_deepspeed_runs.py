@@ -271,3 +271,54 @@ def test_two_rank_run_on_precomputed_features_with_the_diagnostic(tmp_path, demo
     verify = json.loads((tmp_path / "feats" / "export" / "verify.json").read_text())
     assert verify["max_abs_loss_diff"] < 1e-5, verify
     assert "exported fp32 weights" in out
+
+
+def test_two_nodes_without_ssh_train_checkpoint_and_resume_as_one_node(tmp_path, demo_corpus):
+    """2 nodes x 1 rank on localhost, each started by `launch/pretrain.sh --node-rank R` (the ssh-less per-node
+    form Kubernetes and SLURM use; one hostfile, one master address), compute exactly what 1 node x 2 ranks
+    computes; the job checkpoints, stops, and resumes on its two nodes."""
+    reference = tiny_config(tmp_path, demo_corpus, "one_node", steps=8, export=False)
+    launch(reference)
+    expected = metrics(tmp_path / "one_node")
+    config = tiny_config(tmp_path, demo_corpus, "two_nodes", steps=8, checkpoint_every=4, export=False)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+
+    def nodes(*extra: str, kill_after: Path | None = None) -> None:
+        _port[0] += 1
+        procs, logs = [], []
+        for rank in (0, 1):
+            logs.append(open(tmp_path / f"node{rank}-{_port[0]}.log", "w+"))
+            procs.append(subprocess.Popen(
+                ["bash", "launch/pretrain.sh", "--config", str(config), "--gpus", "1", "--hostfile", str(hostfile),
+                 "--master-addr", "127.0.0.1", "--master-port", str(_port[0]), "--node-rank", str(rank), *extra],
+                cwd=ROOT, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True))
+        try:
+            if kill_after is not None:  # a lost job: both nodes killed once the checkpoint is complete
+                deadline = time.monotonic() + 300
+                while not kill_after.exists():
+                    logs[0].seek(0)
+                    assert all(p.poll() is None for p in procs), logs[0].read()[-3000:]
+                    assert time.monotonic() < deadline, f"timed out waiting for {kill_after}"
+                    time.sleep(0.2)
+                for proc in procs:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                return
+            for proc, log in zip(procs, logs):
+                proc.wait(timeout=600)
+                log.seek(0)
+                assert proc.returncode == 0, log.read()[-4000:]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    nodes(kill_after=tmp_path / "two_nodes" / "checkpoints" / "step_0000004" / "COMPLETE")
+    nodes("--resume")
+    got = metrics(tmp_path / "two_nodes")
+    assert sorted(got) == list(range(1, 9))
+    for step in range(1, 9):
+        for key in ("loss/total", "loss/mlm_caption", "loss/mrc", "loss/mlm_text"):
+            assert abs(got[step][key] - expected[step][key]) < 1e-5, (step, key, got[step][key], expected[step][key])
