@@ -102,6 +102,13 @@ class AppearanceStandardiser(nn.Module):
     updates them first (the first batch sets them), then they standardise it. Masked sums rather than
     boolean indexing, and a tensor flag for the first batch, so no host sync."""
 
+    # A channel whose statistics vary less than this never varied in the data they came from (the image-ablated
+    # control's grey images leave a third of the channels so, up to float rounding). Its training inputs reached
+    # the model as less than 3e-4 (std < 1e-6 over sqrt(eps)); an input that makes it vary (a real image at
+    # evaluation) would be amplified 316-fold into something nothing learnt. It contributes 0 instead
+    # (docs/ABLATION.md, session 18: the control's vision-for-language leak). No model trained on images has one.
+    CONSTANT_VAR = 1e-12
+
     def __init__(self, size: int, momentum: float = 0.05, eps: float = 1e-5):
         super().__init__()
         self.momentum, self.eps = momentum, eps
@@ -126,7 +133,8 @@ class AppearanceStandardiser(nn.Module):
                 self.running_var.lerp_(var.to(self.running_var.dtype), step)
                 self.initialised.logical_or_(real > 0)
         mean, var = self.running_mean.float(), self.running_var.float()
-        return ((x.float() - mean) * (var + self.eps).rsqrt()).to(x.dtype)
+        scale = torch.where(var < self.CONSTANT_VAR, 0.0, (var + self.eps).rsqrt())
+        return ((x.float() - mean) * scale).to(x.dtype)
 
 
 class VLBertEmbeddings(nn.Module):

@@ -439,6 +439,25 @@ def test_appearance_standardiser_matches_masked_statistics():
     assert not fresh.initialised and torch.equal(fresh.running_var, torch.ones(4))
 
 
+def test_appearance_standardiser_gives_a_constant_channel_nothing():
+    """A channel constant in the statistics' data (grey images) contributes 0 in training and, whatever the input
+    (a real image), in evaluation; the others are standardised as before. Hand values: channel 0 takes 2 and 4
+    (mean 3, unbiased var 2), channel 1 is 5 throughout."""
+    from model.vl_bert import AppearanceStandardiser
+
+    std = AppearanceStandardiser(2)
+    x = torch.tensor([[[2.0, 5.0], [4.0, 5.0]]])
+    y = std(x, torch.ones(1, 2, dtype=torch.bool))
+    assert torch.allclose(y[0, :, 0], torch.tensor([-1.0, 1.0]) / (2 + 1e-5) ** 0.5) and torch.equal(y[0, :, 1],
+                                                                                                  torch.zeros(2))
+    std.eval()
+    out = std(torch.tensor([[[3.0, 900.0]]]), torch.ones(1, 1, dtype=torch.bool))
+    assert out[0, 0, 0] == 0 and out[0, 0, 1] == 0  # 900 - 5 would otherwise be amplified 316-fold
+    std.running_var[1] = 1e-10  # a small variance that is not constancy is standardised
+    out = std(torch.tensor([[[3.0, 5.001]]]), torch.ones(1, 1, dtype=torch.bool))
+    assert torch.allclose(out[0, 0, 1], torch.tensor(0.001 / (1e-10 + 1e-5) ** 0.5), rtol=1e-3)
+
+
 def test_region_word_embeddings_by_hand(tiny_cfg):
     """Each unmasked region's token gains sum_c p_c E[class name c] + sum_a q_a E[attribute name a], with p, q
     the softmax of the Fast R-CNN's classifiers on its appearance (background excluded); names of several
