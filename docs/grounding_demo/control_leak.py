@@ -12,10 +12,16 @@ This measures all - none on every held-out phrase twice, in one pass, the same b
   - `frozen`: the detector's object and attribute classifiers read the dataset-mean region feature for every
     region in both conditions, so the region words are the same in `none` and `all` and only the learnt visual
     terms (appearance and geometry through the visual embedding) differ.
-If the leak is the region words, `frozen` has an interval that includes 0.
+If the leak is the region words, `frozen` has an interval that includes 0 (session 17: it does not).
+
+Session 18: `--silence-below VAR` makes the standardiser channels whose running variance is below VAR output 0
+(what `AppearanceStandardiser.CONSTANT_VAR` now does for 1e-12), to test the other path: channels constant
+over the control's grey images, amplified 316-fold when a real image moves them. `--conditions none,object,all`
+adds visual conditions (each reported minus none): a lean V4L on every phrase, for a model's targets.
 
     python docs/grounding_demo/control_leak.py --model control=runs/demo_long_control/export \\
-        [--model demo_long=runs/demo_long/export] [--out docs/grounding_demo/long_s17/control_leak.md]
+        [--model demo_long=runs/demo_long/export] [--variants live] [--conditions none,object,all] \\
+        [--silence-below 1e-12] [--out docs/grounding_demo/long_s17/control_leak.md]
 """
 
 from __future__ import annotations
@@ -66,7 +72,8 @@ def silence_constant_channels(model, below: float) -> dict[str, int]:
     return counts
 
 
-def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "frozen")) -> dict[str, np.ndarray]:
+def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "frozen"),
+            conditions=("none", "all")) -> dict[str, np.ndarray]:
     ablator = Ablator(model, device)
     ablator.fit_means(data.batches())
     detector = model.vl_bert.fast_rcnn
@@ -79,7 +86,7 @@ def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "
             if name not in variants:
                 continue
             detector.object_classifier, detector.attribute_classifier = obj, attr
-            for cond in ("none", "all"):
+            for cond in conditions:
                 out.setdefault(f"{name}/{cond}", []).append(
                     ablator.vision_for_language(b, cond, data.cfg.tau).float().cpu().numpy())
         detector.object_classifier, detector.attribute_classifier = live
@@ -92,6 +99,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/grounding_demo/long_s17/control_leak.md")
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants", default="live,frozen", help="region words: live, frozen or both")
+    p.add_argument("--conditions", default="none,all",
+                   help="visual conditions (none first; each other one is reported minus none), e.g. none,object,all")
     p.add_argument("--silence-below", type=float, metavar="VAR",
                    help="standardiser channels with running variance below VAR output 0 (constant in pretraining)")
     p.add_argument("overrides", nargs="*", help="DiagnosticConfig fields as key=value")
@@ -106,24 +115,33 @@ def main(argv=None) -> int:
             print(f"{name}: silenced channels {silence_constant_channels(model, args.silence_below)}", flush=True)
         data = PhraseData(cfg, load_tokenizer(path), model.cfg.fast_rcnn.num_classes, feature_extractor(model))
         variants = tuple(args.variants.split(","))
-        values = measure(model, data, args.device, name, variants)
+        conditions = tuple(args.conditions.split(","))
+        if conditions[0] != "none":
+            raise ValueError(f"--conditions {args.conditions}: the first must be none (the others are minus it)")
+        values = measure(model, data, args.device, name, variants, conditions)
         clusters = np.array([it.image_id for it in data.items])
         report[name] = {}
         for variant in variants:
-            diff = values[f"{variant}/all"] - values[f"{variant}/none"]
-            s = clustered_bootstrap(diff, clusters, resamples=cfg.bootstrap, seed=cfg.seed)
             none = clustered_bootstrap(values[f"{variant}/none"], clusters, resamples=cfg.bootstrap, seed=cfg.seed)
-            report[name][variant] = {"none": none, "all_minus_none": s}
-            lo, hi = s["ci95"]
-            rows.append(f"| {name} | {variant} | {none['mean']:.4f} | {s['mean']:+.6f} [{lo:+.6f}, {hi:+.6f}] | "
-                        f"{s['n']} / {s['clusters']} |")
-            print(rows[-1], flush=True)
+            report[name][variant] = {"none": none}
+            for cond in conditions[1:]:
+                diff = values[f"{variant}/{cond}"] - values[f"{variant}/none"]
+                s = clustered_bootstrap(diff, clusters, resamples=cfg.bootstrap, seed=cfg.seed)
+                mean = clustered_bootstrap(values[f"{variant}/{cond}"], clusters, resamples=cfg.bootstrap,
+                                           seed=cfg.seed)
+                report[name][variant][f"{cond}_minus_none"] = s
+                report[name][variant][cond] = mean
+                lo, hi = s["ci95"]
+                rows.append(f"| {name} | {variant} | {cond} | {none['mean']:.4f} | {mean['mean']:.4f} | "
+                            f"{s['mean']:+.6f} [{lo:+.6f}, {hi:+.6f}] | {s['n']} / {s['clusters']} |")
+                print(rows[-1], flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("### V4L all - none with the region word terms live or frozen to the dataset mean\n\n"
-                   "| model | region words | none (bits) | all - none (bits, 95% interval by image) "
-                   "| phrases / images |\n"
-                   "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    out.write_text("### V4L: each visual condition minus none, with the region word terms live or frozen to the "
+                   "dataset mean\n\n"
+                   "| model | region words | condition | none (bits) | condition (bits) | condition - none (bits, 95% "
+                   "interval by image) | phrases / images |\n"
+                   "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     print(f"written: {out}")
     return 0
