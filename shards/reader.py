@@ -166,7 +166,6 @@ class _Source:
         self._bad_tars: set[str] = set()  # shards reported unreadable in this pass
         self.replay_to = 0  # a legacy position: records of the epoch to replay before yielding
         self.restore: dict | None = None  # a position to restore the buffer from
-        self.records_read = 0  # tar records read by this process (resume cost, for tests and benches)
         if isinstance(state, dict):
             self.epoch, self.pulled = state["epoch"], state["pulled"]
             self.restore = state if state.get("rng") is not None else None
@@ -211,9 +210,7 @@ class _Source:
         return (order[self.role::self.parts] if by_shard else order), by_shard
 
     def _shard(self, url: str) -> Iterator[dict]:
-        for record in wds.tarfile_to_samples(handler=self._handler)(iter([{"url": url}])):
-            self.records_read += 1
-            yield record
+        return wds.tarfile_to_samples(handler=self._handler)(iter([{"url": url}]))
 
     def _read(self, mine: list[str], by_shard: bool, cursor: tuple[int, int, int]) -> Iterator[dict]:
         """The role's records from `cursor` on, each followed by the cursor after it. With fewer shards than
