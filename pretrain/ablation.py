@@ -225,13 +225,35 @@ def _to(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-class Ablator:
-    """Runs one VLBertForPretraining on ablated inputs. `fit_means` first: the dataset-average region
-    and whole-image features that ablated elements take."""
+ABLATION_FILLS = ("training", "evaluation")
 
-    def __init__(self, model: VLBertForPretraining, device: torch.device | str = "cpu"):
+
+def training_means(vb) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(whole image [F], region [F]): the average appearance of the model's own pretraining data, as its
+    standardisers' running means keep it (an ablated element then standardises to exactly 0); None for a
+    model without standardisers (e.g. an official checkpoint)."""
+    emb = vb.embeddings
+    whole, region = (getattr(emb, n, None) for n in ("whole_image_standardiser", "appearance_standardiser"))
+    if whole is None or region is None or not bool(whole.initialised) or not bool(region.initialised):
+        return None
+    return whole.running_mean.float().clone(), region.running_mean.float().clone()
+
+
+def resolve_fill(vb, fill: str) -> str:
+    """The fill the ablation will use: `fill`, or "evaluation" where "training" has no statistics to read."""
+    if fill not in ABLATION_FILLS:
+        raise ValueError(f"ablation_fill: '{fill}' is not one of {', '.join(ABLATION_FILLS)}")
+    return "training" if fill == "training" and training_means(vb) is not None else "evaluation"
+
+
+class Ablator:
+    """Runs one VLBertForPretraining on ablated inputs. `fit_means` first: the average region and
+    whole-image features that ablated elements take (`fill`: see `HeldOutConfig.ablation_fill`)."""
+
+    def __init__(self, model: VLBertForPretraining, device: torch.device | str = "cpu", fill: str = "training"):
         self.model, self.vb, self.cfg = model, model.vl_bert, model.cfg
         self.device = torch.device(device)
+        self.fill = resolve_fill(self.vb, fill)
         self.region_mean: torch.Tensor | None = None
         self.whole_mean: torch.Tensor | None = None
 
@@ -242,6 +264,11 @@ class Ablator:
 
     @torch.no_grad()
     def fit_means(self, batches) -> None:
+        """The fill's averages: read off the model (`training`: `batches` is not consumed) or one pass
+        over `batches` (`evaluation`)."""
+        if self.fill == "training":
+            self.whole_mean, self.region_mean = (m.to(self.device) for m in training_means(self.vb))
+            return
         region_sum = whole_sum = 0.0
         regions = images = 0
         for b in batches:
@@ -315,8 +342,17 @@ class Ablator:
             return self._phrase_bits(out, b)
         elif condition == "all":
             ablated, whole = b["box_mask"], True
+        elif condition == "grey":  # every pixel the pixel mean, boxes kept, no RoI-[MASK] token
+            visual = self._visual_kwargs(b)
+            if "images" not in visual:
+                raise ValueError("visual ablation 'grey' needs images (the model reads precomputed features)")
+            visual["images"] = grey_of(self.vb.cfg.fast_rcnn.pixel_mean).to(visual["images"]).expand_as(
+                visual["images"]).clone()
+            out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], **visual)
+            return self._phrase_bits(out, b)
         else:
-            raise ValueError(f"visual ablation '{condition}' is not none, object, object_masked, all or text_only")
+            raise ValueError(f"visual ablation '{condition}' is not none, object, object_masked, all, grey or "
+                             "text_only")
         out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
                       visual_input=self.visual(b, ablated, whole))
         return self._phrase_bits(out, b)
@@ -352,7 +388,8 @@ def evaluate(ablator: Ablator, data: PhraseData, *, image: bool = True, sweep: l
     from tqdm import tqdm
 
     if image:
-        ablator.fit_means(tqdm(data.batches(), total=math.ceil(len(data) / data.cfg.batch_size),
+        ablator.fit_means(data.batches() if ablator.fill == "training" else
+                          tqdm(data.batches(), total=math.ceil(len(data) / data.cfg.batch_size),
                                desc=f"{desc}: average features", disable=not progress, leave=False))
     out: dict[str, list] = {}
     bar = tqdm(data.batches(), total=math.ceil(len(data) / data.cfg.batch_size), desc=desc, disable=not progress)
@@ -507,7 +544,8 @@ def markdown(report: dict) -> str:
     lines += ["", "## Skipped and left out", ""]
     for name, r in report["models"].items():
         lines.append(f"- {name}: {r['examples']} examples; skipped {r['skipped'] or 'none'}; phrases left out "
-                     f"{r['left_out_phrases'] or 'none'}; without a gold label (no XE) {r['no_gold_label']}")
+                     f"{r['left_out_phrases'] or 'none'}; without a gold label (no XE) {r['no_gold_label']}"
+                     + (f"; ablated elements take the {r['ablation_fill']} average" if "ablation_fill" in r else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -571,7 +609,8 @@ class PeriodicDiagnostic:
         self.data = PhraseData(cfg, tokenizer, num_classes, extractor)
 
     def __call__(self, model: VLBertForPretraining, device) -> dict[str, float]:
-        values = evaluate(Ablator(model, device), self.data, tau=self.cfg.tau, progress=False)
+        values = evaluate(Ablator(model, device, self.cfg.ablation_fill), self.data, tau=self.cfg.tau,
+                          progress=False)
         scalars = {f"xmodal/{k}": float(np.nanmean(v)) for k, v in values.items()}
         scalars["xmodal/v4l_object_minus_none"] = scalars["xmodal/v4l/object"] - scalars["xmodal/v4l/none"]
         scalars["xmodal/v4l_all_minus_none"] = scalars["xmodal/v4l/all"] - scalars["xmodal/v4l/none"]
@@ -641,10 +680,16 @@ def main(argv: list[str] | None = None) -> int:
         model = model.to(args.device).eval()
         data = PhraseData(cfg, load_tokenizer(str(tokenizer_dir)), model.cfg.fast_rcnn.num_classes if with_image
                           else None, feature_extractor(model, args.device))
-        values = evaluate(Ablator(model, args.device), data, image=with_image, tau=cfg.tau,
-                          sweep=cfg.sweep if with_image else None, desc=name)
+        ablator = Ablator(model, args.device, cfg.ablation_fill)
+        values = evaluate(ablator, data, image=with_image, tau=cfg.tau, sweep=cfg.sweep if with_image else None,
+                          desc=name)
         np.savez_compressed(out / f"per_example_{''.join(c if c.isalnum() else '_' for c in name)}.npz", **values)
         report["models"][name] = model_report(values, data)
+        if with_image:
+            report["models"][name]["ablation_fill"] = ablator.fill
+            if ablator.fill != cfg.ablation_fill:
+                print(f"{name}: no appearance standardisers to read a training average from: ablated elements "
+                      f"take the evaluation images' average", flush=True)
         g = report["models"][name]["v4l"]
         print(f"{name}: vision-for-language bits "
               + ", ".join(f"{c} {format_interval(s)}" for c, s in g.items()), flush=True)

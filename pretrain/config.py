@@ -29,6 +29,12 @@ class HeldOutConfig:
     max_regions: int = 100  # highest-scoring regions kept per image
     seed: int = 0
     bootstrap: int = 2000  # resamples of images for the clustered intervals (0 = t-intervals over examples)
+    # what an ablated region or whole image becomes: "training", the average of the model's own pretraining
+    # features (its appearance standardisers keep it; a model without them falls back to the next, and says
+    # so), or "evaluation", the average over these held-out images (the cross-modal ablation paper's choice).
+    # Both keep the input in distribution for a model pretrained on images like these; only "training" does
+    # for the image-ablated control (docs/ABLATION.md, session 19)
+    ablation_fill: str = "training"
 
 
 @dataclass

@@ -11,9 +11,9 @@ and regions of one image are not independent):
   word of a category in every sentence is masked alone (all its word-pieces -> [MASK]) and counts as
   right when the MLM head's argmax gives back every piece. A word whose piece count names it among its
   category (the shapes' "hexagon") is scored apart, as `named_by_span`: its span of [MASK]s tells it. Once
-  with the image (`image`) and once with every region and the whole image replaced by the dataset-average
-  feature (`ablated`: the cross-modal ablation's `all` condition), so a model's gain from the image is read on
-  the same words.
+  with the image (`image`) and once with every region and the whole image replaced by the average feature
+  (`ablated`: the cross-modal ablation's `all` condition, with its `ablation_fill`), so a model's gain from the
+  image is read on the same words.
 - Masked RoI classification split three ways, target = the region's class from the box file:
   `visible` (chosen but not zeroed, as 10% of training's targets: its own pixels decide, a test of
   vision), `zeroed_named` (pixels zeroed and RoI-[MASK] token, the caption names the object: a test of
@@ -47,7 +47,7 @@ from shards.shapes_world import CATEGORIES as SHAPES
 from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
 from shards.skips import SkipLog
 
-from .ablation import clustered_bootstrap, feature_extractor, format_interval
+from .ablation import clustered_bootstrap, feature_extractor, format_interval, resolve_fill, training_means
 from .config import GroundingConfig
 from .masking import grey_of, grey_resampling_rings
 
@@ -206,7 +206,8 @@ class GroundingEval:
 
         vb, cfg = model.vl_bert, model.cfg
         device = torch.device(device)
-        # dataset-average features, as the cross-modal ablation's `all` condition
+        # the cross-modal ablation's `all` condition, with its fill (HeldOutConfig.ablation_fill)
+        fill = resolve_fill(vb, self.data.cfg.ablation_fill)
         sums, whole_sum, n_regions = 0.0, 0.0, 0
         visuals = []
         for item in tqdm(self.data.images, desc="grounding: features", disable=not progress, leave=False):
@@ -216,7 +217,10 @@ class GroundingEval:
             sums = sums + app[0, 1:].float().sum(0)
             whole_sum = whole_sum + app[0, 0].float()
             n_regions += app.shape[1] - 1
-        region_mean, whole_mean = sums / max(1, n_regions), whole_sum / len(visuals)
+        if fill == "training":
+            whole_mean, region_mean = (m.to(device) for m in training_means(vb))
+        else:
+            region_mean, whole_mean = sums / max(1, n_regions), whole_sum / len(visuals)
         words: dict[str, list] = {"category": [], "image": [], "ablated": [], "cluster": []}
         mrc: dict[str, list] = {"split": [], "correct": [], "cluster": []}
         for k, (item, (image, boxes, resize_scale, app, boxes_norm)) in enumerate(tqdm(

@@ -19,9 +19,13 @@ Session 18: `--silence-below VAR` makes the standardiser channels whose running 
 over the control's grey images, amplified 316-fold when a real image moves them. `--conditions none,object,all`
 adds visual conditions (each reported minus none): a lean V4L on every phrase, for a model's targets.
 
+Session 19: `grey` (every pixel the pixel mean, boxes kept: the control's own training input) and the
+`ablation_fill=training|evaluation` override (what `all` fills in: the model's pretraining average, the default
+now, or the held-out images' average, the paper's); `--dump F` keeps every phrase's bits and words.
+
     python docs/grounding_demo/control_leak.py --model control=runs/demo_long_control/export \\
         [--model demo_long=runs/demo_long/export] [--variants live] [--conditions none,object,all] \\
-        [--silence-below 1e-12] [--out docs/grounding_demo/long_s17/control_leak.md]
+        [--silence-below 1e-12] [--dump F] [--out docs/grounding_demo/long_s17/control_leak.md] [ablation_fill=...]
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def silence_constant_channels(model, below: float) -> dict[str, int]:
 
 def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "frozen"),
             conditions=("none", "all")) -> dict[str, np.ndarray]:
-    ablator = Ablator(model, device)
+    ablator = Ablator(model, device, data.cfg.ablation_fill)
     ablator.fit_means(data.batches())
     detector = model.vl_bert.fast_rcnn
     live = (detector.object_classifier, detector.attribute_classifier)
@@ -103,6 +107,8 @@ def main(argv=None) -> int:
                    help="visual conditions (none first; each other one is reported minus none), e.g. none,object,all")
     p.add_argument("--silence-below", type=float, metavar="VAR",
                    help="standardiser channels with running variance below VAR output 0 (constant in pretraining)")
+    p.add_argument("--dump", metavar="NPZ", help="also write every phrase's bits per variant/condition, its image "
+                   "id and its masked words (for splits by word category)")
     p.add_argument("overrides", nargs="*", help="DiagnosticConfig fields as key=value")
     args = p.parse_args(argv)
     cfg = load_config(DiagnosticConfig, None, args.overrides)
@@ -120,6 +126,11 @@ def main(argv=None) -> int:
             raise ValueError(f"--conditions {args.conditions}: the first must be none (the others are minus it)")
         values = measure(model, data, args.device, name, variants, conditions)
         clusters = np.array([it.image_id for it in data.items])
+        if args.dump:
+            tok = load_tokenizer(path)
+            words = [tok.decode(it.ids[it.phrase]) for it in data.items]
+            np.savez(Path(args.dump).with_suffix(f".{name}.npz"), image_id=clusters, words=np.array(words),
+                     **{k.replace("/", "__"): v for k, v in values.items()})
         report[name] = {}
         for variant in variants:
             none = clustered_bootstrap(values[f"{variant}/none"], clusters, resamples=cfg.bootstrap, seed=cfg.seed)

@@ -296,3 +296,54 @@ def test_object_masked_hides_the_object_as_in_training(demo_corpus):
                              box_mask=b["box_mask"], masked_regions=over)
     assert not torch.allclose(got, ab._phrase_bits(box_only, b), atol=1e-6)
     assert not torch.equal(got, ab.vision_for_language(b, "object"))  # a different input, not an alias
+
+
+def test_training_fill_is_the_models_own_pretraining_average():
+    """`ablation_fill=training`: ablated elements take the standardisers' running means, which they then map
+    to exactly 0; the held-out batches are not read. A model whose standardisers never saw data falls back to
+    the held-out images' average (the paper's fill), and an unknown fill is refused."""
+    b = _batch()
+    assert Ablator(_model()).fill == "evaluation"  # no standardisers (an official model): nothing to read
+    torch.manual_seed(0)
+    model = VLBertForPretraining(model_config("tiny", updates={"fast_rcnn": {"roi_output_size": 4},
+                                                               "standardise_appearance": True})).eval()
+    assert Ablator(model).fill == "evaluation"  # standardisers that never saw data: nothing to read either
+    with pytest.raises(ValueError, match="ablation_fill: 'dataset'"):
+        Ablator(model, fill="dataset")
+    emb = model.vl_bert.embeddings
+    size = emb.appearance_standardiser.running_mean.numel()
+    for std, offset in ((emb.whole_image_standardiser, 1.0), (emb.appearance_standardiser, -2.0)):
+        std.running_mean.copy_(torch.arange(size, dtype=torch.float32) / size + offset)
+        std.running_var.fill_(4.0)
+        std.initialised.fill_(True)
+    ablator = Ablator(model, fill="training")
+    assert ablator.fill == "training"
+    ablator.fit_means(iter(()))  # nothing to read: an evaluation pass would divide by zero regions
+    whole = torch.arange(size, dtype=torch.float32) / size + 1.0
+    torch.testing.assert_close(ablator.whole_mean, whole, rtol=0, atol=0)
+    torch.testing.assert_close(ablator.region_mean, whole - 3.0, rtol=0, atol=0)
+    appearance, _ = ablator.visual(b, b["box_mask"], whole=True)
+    standardised = torch.cat([emb.whole_image_standardiser(appearance[:, :1], torch.ones(2, 1, dtype=torch.bool)),
+                              emb.appearance_standardiser(appearance[:, 1:], b["box_mask"])], 1)
+    assert standardised.abs().max() == 0  # an ablated element is the average: no deviation from it
+    # the held-out average is another vector (the test can fail): it comes from the batch's pixels
+    paper = Ablator(model, fill="evaluation")
+    paper.fit_means([b])
+    assert not torch.allclose(paper.region_mean, ablator.region_mean)
+
+
+def test_grey_condition_is_the_image_at_the_pixel_mean():
+    """`grey` sets every pixel to the pixel mean and keeps the boxes: on an image already grey it equals
+    `none`; on a real image it differs; a precomputed-features batch is refused."""
+    from pretrain.masking import grey_of
+
+    model, b = _model(), _batch()
+    ablator = _fitted(model, b)
+    grey = dict(b, images=grey_of(model.cfg.fast_rcnn.pixel_mean).expand_as(b["images"]).clone())
+    torch.testing.assert_close(ablator.vision_for_language(grey, "grey"), ablator.vision_for_language(grey, "none"),
+                               rtol=0, atol=0)
+    assert not torch.allclose(ablator.vision_for_language(b, "grey"), ablator.vision_for_language(b, "none"))
+    features = {k: v for k, v in b.items() if k not in ("images", "image_sizes")}
+    features.update(region_features=torch.zeros(2, 5, 8), image_hw=b["image_sizes"])
+    with pytest.raises(ValueError, match="'grey' needs images"):
+        ablator.vision_for_language(features, "grey")
