@@ -22,8 +22,10 @@ SUITE = {
     "decoding": ["--size", "mini", "--batch", "32", "--lengths", "10", "40", "--repeats", "7"],
     "zero_memory": [],
     "resume": [],
+    "fast_rcnn_step": [],
 }
 QUICK = {"loader": ["--repeats", "1", "--samples", "320"], "resume": ["--repeats", "1"],
+         "fast_rcnn_step": ["--repeats", "1", "--steps", "2"],
          "pretrain_step": ["--repeats", "1", "--steps", "2"],
          "transformer_step": ["--repeats", "1", "--steps", "1"], "decoding": ["--repeats", "1"]}
 
