@@ -21,6 +21,11 @@ model = load_pretrained(path).eval(); vb = model.vl_bert; cfg = model.cfg
 tok = load_tokenizer(path)
 ev = GroundingEval(load_config(GroundingConfig, None, ["max_images=100"]), tok)
 conf = collections.Counter(); other_in_image = collections.Counter(); expected = []
+from pathlib import Path
+from pretrain.grounding import COLOURS, SIZES
+root = Path(ev.data.cfg.flickr_root)
+scenes = [json.loads(line) for line in (root.parent / "scenes.jsonl").read_text().splitlines()]
+by_cue = collections.defaultdict(list)  # how many objects of the image share the phrase's colour (and size)
 from pretrain.grounding import SHAPES as SH
 
 
@@ -43,9 +48,21 @@ for item in ev.data.images:
             t = tok.convert_ids_to_tokens(w)
             if singular(t) in SH:
                 present.add(singular(t))
-    for s in item.sentences:
+    scene = scenes[int(item.image_id)]
+    assert Path(scene["image"]).stem == item.image_id
+    sentences = parse_sentences(root / "Sentences" / f"{item.image_id}.txt")
+    for sentence, s in zip(sentences, item.sentences):
         for word, cat in s.categories:
             if cat != "shape": continue
+            phrase = next((ph for ph in sentence.phrases if ph.first_word <= word < ph.end), None)
+            words = [w.lower() for w in phrase.words] if phrase is not None else []
+            colour = next((w for w in words if w in COLOURS), None)
+            size = next((w for w in words if w in SIZES), None)
+            same = [o for o in scene["objects"] if not o["covered"] and o["colour"] == colour]
+            cue = ("no colour in the phrase" if colour is None else
+                   "colour unique in the image" if len(same) <= 1 else
+                   "colour shared, colour+size unique" if sum(o["size"] == size for o in same) <= 1 else
+                   "colour and size shared")
             pieces = torch.tensor([w == word for w in s.word_ids])
             ids = s.ids.unsqueeze(0); valid = torch.ones_like(ids, dtype=torch.bool)
             masked = ids.masked_fill(pieces.unsqueeze(0), cfg.mask_token_id)
@@ -56,6 +73,7 @@ for item in ev.data.images:
             pred = model.mlm_head(out.text_hidden[target]).argmax(-1)
             g = tok.decode(labels[target]); p = tok.decode(pred)
             conf[(g, p)] += 1
+            by_cue[cue].append(g == p)
             if g != p:
                 # a wrong guess drawn at random among the other shapes would name a present one this often
                 expected.append(len(present - {singular(g)}) / (len(SH) - 1))
@@ -64,3 +82,5 @@ tot = sum(conf.values()); wrong = {k: v for k, v in conf.items() if k[0] != k[1]
 print("total", tot, "right", tot - sum(wrong.values()))
 for (g, p), v in sorted(wrong.items(), key=lambda x: -x[1])[:25]: print(f"{g:>10} -> {p:<10} {v}")
 print(other_in_image, f"a random wrong shape would name a present one in {sum(expected) / max(1, len(expected)):.0%}")
+for cue, hits in sorted(by_cue.items()):
+    print(f"{cue:40s} words {len(hits):4d}  accuracy {sum(hits) / len(hits):.3f}")
