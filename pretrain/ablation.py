@@ -12,8 +12,11 @@ Vision-for-language: every word-piece of the phrase is [MASK]ed (no 80/10/10) an
 them; the metric is the phrase's cross-entropy in bits (mean over its word-pieces, then over phrases).
 Visual input: `none`; `object`, every region whose intersection over target (the gold box) with one of
 the phrase's gold boxes exceeds tau is ablated; `all`, every region and the whole image are ablated.
-An ablated region keeps its box and [IMG] token and takes the dataset-average region feature, so the
-input stays in distribution. Its pixels are zeroed before the Fast R-CNN (end to end) or it is left out
+An ablated region keeps its box and [IMG] token and takes an average region feature, so the input stays
+in distribution: the average of the model's own pretraining features (`ablation_fill: training`, the
+default), or the paper's average over the evaluation images (`evaluation`; the only one a model without
+appearance standardisers has). The paper's choice is out of distribution for a model that never saw images
+like the evaluation's, such as the image-ablated control (docs/ABLATION.md, session 19). Its pixels are zeroed before the Fast R-CNN (end to end) or it is left out
 of the whole-image mean (precomputed features), so the whole-image element, recomputed from what
 remains, carries nothing of it.
 
@@ -297,7 +300,7 @@ class Ablator:
 
     def visual(self, b: dict, ablated: torch.Tensor, whole: bool):
         """Appearance [B, 1+N, F] and normalised boxes with `ablated` regions (and the whole image if
-        `whole`) set to the dataset averages; the rest computed without the ablated regions' pixels."""
+        `whole`) set to the fill's averages; the rest computed without the ablated regions' pixels."""
         if self.region_mean is None:
             raise RuntimeError("Ablator.fit_means must run before ablating")
         bsz, n = ablated.shape
