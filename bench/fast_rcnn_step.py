@@ -10,7 +10,6 @@ then a profile of our step by operator, so what the step costs is read, not gues
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections import OrderedDict
@@ -19,10 +18,11 @@ import torch
 import torchvision
 from torch import nn
 
-from .pretrain_step import SHAPES, make_batches
+from .pretrain_step import SHAPES, ensure_demo, make_batches, shape_parser
 from .report import machine, median_range, update_section
 
-COLUMNS = ["shape", "images x RoIs / step (padding included)", "ours ms/step", "torchvision ms/step", "ours / torchvision (speed)",
+COLUMNS = ["shape", "images x RoIs / step (padding included)", "ours ms/step", "torchvision ms/step",
+           "ours / torchvision (speed)",
            "top operators of our step (share of its time)"]
 
 
@@ -86,7 +86,8 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
             raise AssertionError(f"{name}: the peer computes another network (relative difference {err:.2e})")
 
     def step_ours(c):
-        ours(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])["appearance"].sum().backward()
+        out = ours(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
+        out["appearance"].sum().backward()
         ours.zero_grad(set_to_none=True)
 
     def step_peer(c):
@@ -117,16 +118,11 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="all", choices=["demo", "base", "all"])
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--demo-dir", default="data/demo")
-    p.add_argument("--write", action="store_true")
-    args = p.parse_args(argv)
+    args = shape_parser(__doc__).parse_args(argv)
+    ensure_demo(args.demo)
     rows = []
     for name in (["demo", "base"] if args.shape == "all" else [args.shape]):
-        r = run_shape(name, args.steps, args.repeats, args.demo_dir)
+        r = run_shape(name, args.steps, args.repeats, args.demo)
         ratio = statistics.median(r["ratio"])
         row = [name, f"{r['images']} x {r['rois']:.0f}", median_range(r["times"]["ours"]),
                median_range(r["times"]["peer"]), f"{ratio:.2f} ({min(r['ratio']):.2f}-{max(r['ratio']):.2f})",

@@ -151,24 +151,34 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
                             "cnn": flops["cnn"] / t_cnn / peak, "transformer": flops["transformer"] / t_rest / peak}}
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def shape_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of the benches that run at `SHAPES` on the demo corpus' batches."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--shape", default="all", choices=["demo", "base", "all"])
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--demo", default="data/demo")
     p.add_argument("--write", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def ensure_demo(demo_dir: str) -> None:
+    """Build the demo corpus the batches come from, on a fresh machine."""
+    if not os.path.exists(f"{demo_dir}/shards/text/manifest.json"):
+        from shards.demo import build_demo
+
+        build_demo(demo_dir)
+
+
+def main(argv=None):
+    args = shape_parser(__doc__).parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29571"}.items():
         os.environ.setdefault(k, v)
     import deepspeed
 
-    if not os.path.exists(f"{args.demo}/shards/text/manifest.json"):
-        from shards.demo import build_demo
-
-        build_demo(args.demo)
+    ensure_demo(args.demo)
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     shapes = ["demo", "base"] if args.shape == "all" else [args.shape]
     out = [run_shape(s, args.steps, args.repeats, args.demo) for s in shapes]
