@@ -16,9 +16,9 @@ An ablated region keeps its box and [IMG] token and takes an average region feat
 in distribution: the average of the model's own pretraining features (`ablation_fill: training`, the
 default), or the paper's average over the evaluation images (`evaluation`; the only one a model without
 appearance standardisers has). The paper's choice is out of distribution for a model that never saw images
-like the evaluation's, such as the image-ablated control (docs/ABLATION.md, session 19). Its pixels are zeroed before the Fast R-CNN (end to end) or it is left out
-of the whole-image mean (precomputed features), so the whole-image element, recomputed from what
-remains, carries nothing of it.
+like the evaluation's, such as the image-ablated control (docs/ABLATION.md, session 19). Its pixels are
+zeroed before the Fast R-CNN (end to end) or it is left out of the whole-image mean (precomputed
+features), so the whole-image element, recomputed from what remains, carries nothing of it.
 
 Language-for-vision: the target is, among regions whose IoT with a gold box exceeds tau, the one with
 the highest IoU; it and every region whose IoT over it exceeds tau are masked as in pretraining
