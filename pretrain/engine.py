@@ -9,6 +9,10 @@ scheduler, step), one `rank_R.pt` per rank (reader position and RNG states) and,
 every rank has finished, `COMPLETE`. Resume takes the newest directory with `COMPLETE`, so a
 checkpoint half-written when the job died is never taken. SIGTERM/SIGINT stop the run gracefully
 after the current step, with a checkpoint.
+
+Resume on another number of ranks (elastic): the checkpoint is converted once to DeepSpeed's universal form
+(`<checkpoint>/universal/`, by rank 0, under ZeRO 1-3), and the reader's position is re-dealt over the new
+ranks, so no sample of the epoch is seen twice or skipped (`Engine._resume_elastic`).
 """
 
 from __future__ import annotations
@@ -447,18 +451,65 @@ class Engine:
             return False
         path = found[-1]
         marker = json.loads((path / "COMPLETE").read_text())
-        if marker["world_size"] != self.world:
-            raise ValueError(f"{path} was written by {marker['world_size']} ranks, this run has {self.world}: "
-                             "exact resume needs the same number of ranks")
-        _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)
-        own = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=True)
-        self.loader.load_state_dict(own["loader"])
-        self._pending_rng = own["rng"]  # set once the loader's iterator exists (creating it draws a seed)
+        old_world = marker["world_size"]
+        if old_world == self.world:
+            _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)
+            own = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=True)
+            self.loader.load_state_dict(own["loader"])
+            self._pending_rng = own["rng"]  # set once the loader's iterator exists (creating it draws a seed)
+        else:
+            client = self._resume_elastic(path, old_world)
         self.step = client["step"]
         self.run_id = marker.get("run_id") or self.run_id  # markers before run ids had none
         if _is_rank0():
-            print(f"resumed from {path} at step {self.step}", flush=True)
+            how = "" if old_world == self.world else f" (written by {old_world} ranks, resumed on {self.world})"
+            print(f"resumed from {path} at step {self.step}{how}", flush=True)
         return True
+
+    def _resume_elastic(self, path: Path, old_world: int) -> dict:
+        """A checkpoint of another world size. ZeRO's partitioned optimizer state goes through DeepSpeed's
+        universal checkpoint (converted once, by rank 0, into <checkpoint>/universal/); stage 0 keeps whole
+        states and loads as it is. The reader re-deals what the old ranks had not delivered
+        (`StreamLoader.load_elastic`). Not exact: the batches differ from the old world's, and a rank without
+        an old rank of its number keeps the random state its seed gave it."""
+        if not hasattr(self.loader, "load_elastic"):
+            raise ValueError(f"{path} was written by {old_world} ranks, this run has {self.world}: this trainer's "
+                             "data loader resumes only on the same number of ranks")
+        states = [torch.load(path / f"rank_{r}.pt", map_location="cpu", weights_only=True) for r in range(old_world)]
+        if self.cfg.zero_stage == 0:
+            _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)
+        else:
+            universal = path / "universal"
+            if self.rank == 0 and not (universal / "COMPLETE").exists():
+                self._convert_to_universal(path, universal)
+            self._barrier()
+            # DeepSpeed reads this flag at load time only; a run resuming on its own world size never sets it
+            self.engine._config.load_universal_checkpoint = True
+            try:
+                _, client = self.engine.load_checkpoint(str(universal), tag=path.name)
+            finally:
+                self.engine._config.load_universal_checkpoint = False
+        self.loader.load_elastic([s["loader"] for s in states])
+        if self.rank < old_world:
+            self._pending_rng = states[self.rank]["rng"]
+        return client
+
+    @staticmethod
+    def _convert_to_universal(path: Path, universal: Path) -> None:
+        """DeepSpeed's ds_to_universal on one checkpoint (our client state has no Megatron-style
+        universal_checkpoint_info: --inject_missing_state supplies it)."""
+        import subprocess
+
+        shutil.rmtree(universal, ignore_errors=True)  # a conversion killed half-way
+        print(f"converting {path} to a universal checkpoint for a new world size", flush=True)
+        cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
+               "--output_folder", str(universal / path.name), "--inject_missing_state",
+               "--num_extract_workers", "1", "--num_merge_workers", "1"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"converting {path} to a universal checkpoint failed:\n{done.stdout[-2000:]}"
+                               f"{done.stderr[-2000:]}")
+        (universal / "COMPLETE").write_text("")
 
     def _barrier(self) -> None:
         if dist.is_initialized():
@@ -713,4 +764,10 @@ class Engine:
             raise RuntimeError(f"{latest} is run {marker.get('run_id')} at step {marker['step']}, not this run "
                                f"({self.run_id}, step {self.step}): refusing to export another run's weights")
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        return get_fp32_state_dict_from_zero_checkpoint(str(self.ckpt_dir), tag=latest.name)
+        state = get_fp32_state_dict_from_zero_checkpoint(str(self.ckpt_dir), tag=latest.name)
+        if self.cfg.zero_stage == 1:
+            # ZeRO-1 checkpoints keep no frozen parameters beside the optimizer's partitions (DeepSpeed saves them
+            # from stage 2 on), and every rank holds the whole module: the frozen ones come from it, unchanged
+            for name, value in self.engine.module.state_dict().items():
+                state.setdefault(name, value.detach().float().cpu())
+        return state

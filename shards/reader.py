@@ -17,6 +17,10 @@ older form, (epoch, records pulled), replays the epoch's records up to it. Batch
 `k * workers + worker`; the DataLoader delivers them in that order, and on resume its workers are
 rotated so that worker 0 produces the next batch due.
 
+Resume on another world size or worker count (`StreamLoader.load_elastic`, `elastic_positions`): the old
+roles' positions say what each had not delivered; that residual is pooled, dealt over the new roles and read
+once (in shard order), then the next epoch is split the new way.
+
 Length-aware batching (`length_buckets` > 1): each role reads a pool of that many batches' samples,
 sorts it by length (caption: image orientation, regions, then words; text: word-pieces), cuts it into
 batches of neighbours and hands those out in a seeded random order. Every sample is still seen exactly
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import math
 import random
@@ -148,6 +153,80 @@ def source_position(saved) -> dict | tuple[int, int]:
     return saved if isinstance(saved, dict) else tuple(saved)
 
 
+class Residual:
+    """What roles of an earlier world size left of their epochs, for a new world's roles to read once.
+
+    `records`: single records [url, member] (those that sat in a shuffle buffer or an undelivered length
+    pool). `units`: [urls, member, filters], the records of `urls` read in order from `member` of the first,
+    kept where every filter [parts, role, count] passes in turn (count % parts == role; each filter's count runs
+    over the records that passed the filters before it). A role's unread shards are units without filters;
+    the fewer-shards-than-roles split is one unit over all shards with its role's filter. Reading consumes the
+    residual, so `state()` is always what is left: a checkpoint inside it resumes exactly, or re-deals it again.
+    Records are read shard by shard in the order given, not shuffled: the residual is the tail of one epoch."""
+
+    def __init__(self, records: list | None = None, units: list | None = None):
+        self.records: list[list] = records if records is not None else []
+        self.units: list[list] = units if units is not None else []
+
+    def copy(self) -> Residual:
+        return Residual([[u, j] for u, j in self.records],
+                        [[list(urls), member, [list(f) for f in filters]] for urls, member, filters in self.units])
+
+    def state(self) -> dict:
+        return self.copy().__dict__
+
+    @classmethod
+    def from_state(cls, state: dict) -> Residual:
+        return cls(state["records"], state["units"]).copy()
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.units)
+
+    def read(self, shard) -> Iterator[tuple[dict, list]]:
+        """(record, [url, member]) for each record left; `shard(url)` iterates a shard's records."""
+        while self.records:
+            url = self.records[0][0]
+            wanted = {j for u, j in self.records if u == url}
+            for j, record in enumerate(shard(url)):
+                if j in wanted:
+                    self.records.remove([url, j])
+                    wanted.discard(j)
+                    yield record, [url, j]
+                if not wanted:
+                    break
+            for j in wanted:  # gone from the shard: the shard changed since the checkpoint
+                raise RuntimeError(f"resuming: record {j} of {url} is gone: the shards changed since the checkpoint")
+        while self.units:
+            urls, member, filters = self.units[0]
+            while urls:
+                for j, record in enumerate(shard(urls[0])):
+                    if j < member:
+                        continue
+                    keep = True
+                    for f in filters:
+                        keep, f[2] = f[2] % f[0] == f[1], f[2] + 1
+                        if not keep:
+                            break
+                    member = self.units[0][1] = j + 1
+                    if keep:
+                        yield record, [urls[0], j]
+                urls.pop(0)
+                member = self.units[0][1] = 0
+            self.units.pop(0)
+
+    def deal(self, parts: int, role: int) -> Residual:
+        """This role's share when `parts` roles split the residual: every parts-th record, and every parts-th
+        unit, or, with fewer units than roles, every unit with a filter keeping every parts-th of its records."""
+        share = self.copy()
+        share.records = share.records[role::parts]
+        if len(share.units) >= parts:
+            share.units = share.units[role::parts]
+        else:
+            for unit in share.units:
+                unit[2].append([parts, role, 0])
+        return share
+
+
 class _Source:
     """A role's deterministic record stream over one shard set, with a resumable position.
 
@@ -166,9 +245,14 @@ class _Source:
         self._bad_tars: set[str] = set()  # shards reported unreadable in this pass
         self.replay_to = 0  # a legacy position: records of the epoch to replay before yielding
         self.restore: dict | None = None  # a position to restore the buffer from
+        # the records an earlier world left of its epochs, read before `epoch` (see `elastic_positions`)
+        self.residual: Residual | None = None
+        self.last_key: list | None = None  # [url, member] of the record behind the last sample yielded
         if isinstance(state, dict):
             self.epoch, self.pulled = state["epoch"], state["pulled"]
             self.restore = state if state.get("rng") is not None else None
+            if state.get("residual") is not None:
+                self.residual = Residual.from_state(state["residual"])
         else:
             self.epoch, self.pulled = state if state is not None else (0, 0)
             self.replay_to = self.pulled
@@ -186,7 +270,37 @@ class _Source:
         rng = self._rng.getstate() if self._rng is not None else None
         return {"epoch": self.epoch, "pulled": self.pulled, "cursor": list(self._cursor),
                 "buffer": [list(k) for k in self._keys], "draining": self._draining,
-                "rng": None if rng is None else [rng[0], list(rng[1]), rng[2]]}
+                "rng": None if rng is None else [rng[0], list(rng[1]), rng[2]],
+                "residual": None if self.residual is None else self.residual.state()}
+
+    @property
+    def started(self) -> bool:
+        """Whether the role has read anything of its current epoch."""
+        return self.restore is not None or self._rng is not None or self.pulled > 0
+
+    def left(self, newest: int) -> Residual:
+        """What this role has not delivered of the epochs up to `newest`, after its residual if it is still in
+        one: of its current epoch, the records in its buffer and the rest of its tar stream; of any later epoch
+        up to `newest` (a role fallen behind the others), its whole share."""
+        left = self.residual.copy() if self.residual is not None else Residual()
+        last = newest if self.epochs is None else min(newest, self.epochs - 1)
+        for epoch in range(self.epoch, last + 1):
+            mine, by_shard = self._order(epoch)
+            pos, member, count, draining = 0, 0, 0, False
+            if epoch == self.epoch and self.started:
+                if self.restore is None and self._rng is None:
+                    raise ValueError(f"role {self.role}: a position saved as (epoch, records pulled) names no "
+                                     "records; resume it once on the same world size, then change the world size")
+                saved = self.restore or {"buffer": self._keys, "cursor": self._cursor, "draining": self._draining}
+                left.records += [[mine[p], j] for p, j in saved["buffer"]]
+                (pos, member, count), draining = saved["cursor"], saved["draining"]
+            if draining:
+                continue
+            if by_shard:
+                left.units += [[[url], member if i == pos else 0, []] for i, url in enumerate(mine) if i >= pos]
+            else:
+                left.units.append([mine[pos:], member, [[self.parts, self.role, count]]])
+        return left
 
     def _handler(self, exn: Exception) -> bool:
         # A tar cut inside a member's data fails twice in webdataset: in the member loop (the message names the
@@ -269,8 +383,8 @@ class _Source:
                     j = rng.randrange(len(buf))
                     buf[j], buf[-1] = buf[-1], buf[j]
                     keys[j], keys[-1] = keys[-1], keys[j]
-                    keys.pop()
-                    yield buf.pop()
+                    pos, member = keys.pop()
+                    yield buf.pop(), [mine[pos], member]
             order = list(range(len(buf)))
             rng.shuffle(order)
             # the rest in a shuffled order, kept as a stack (last = next) so a position inside it is the stack
@@ -278,25 +392,37 @@ class _Source:
             keys[:] = [keys[i] for i in reversed(order)]
             self._draining = True
         while buf:
-            keys.pop()
-            yield buf.pop()
+            pos, member = keys.pop()
+            yield buf.pop(), [mine[pos], member]
+
+    def _decoded(self, record: dict, key: list) -> dict | None:
+        where = f"{record.get('__url__', '?')}:{record.get('__key__', '?')}"
+        try:
+            sample = self.decode(record)
+        except Exception as e:  # any bad member: count it, name it, go on
+            self.skips.skip("undecodable sample", where, f"{type(e).__name__}: {e}")
+            return None
+        self.skips.ok()
+        self.last_key = key
+        return sample
 
     def __iter__(self) -> Iterator[dict]:
+        if self.residual is not None:
+            for record, key in self.residual.read(self._shard):
+                sample = self._decoded(record, key)
+                if sample is not None:
+                    yield sample
+            self.residual = None
         while self.epochs is None or self.epoch < self.epochs:
             n = self.pulled if self.replay_to == 0 else 0
-            for record in self._records(self.epoch):
+            for record, key in self._records(self.epoch):
                 n += 1
                 if n <= self.replay_to:
                     continue  # a legacy position: replaying up to it
                 self.pulled = n
-                where = f"{record.get('__url__', '?')}:{record.get('__key__', '?')}"
-                try:
-                    sample = self.decode(record)
-                except Exception as e:  # any bad member: count it, name it, go on
-                    self.skips.skip("undecodable sample", where, f"{type(e).__name__}: {e}")
-                    continue
-                self.skips.ok()
-                yield sample
+                sample = self._decoded(record, key)
+                if sample is not None:
+                    yield sample
             self.replay_to = 0
             if n == 0:
                 raise RuntimeError(f"role {self.role} of {self.parts} got no records from {len(self.urls)} "
@@ -328,28 +454,40 @@ def length_groups(lengths: list, size: int, rng: random.Random) -> list[list[int
 class _Batches:
     """A source's samples as batches: `size` at a time, or (pool > 1) length-grouped pools of `pool` batches.
     `state` is where a restarted role resumes: the source position of the current pool's start, the
-    pool's number and how many of its batches were delivered."""
+    pool's number and how many of its batches were delivered; inside a pool also what a different world size
+    needs to re-deal it (`elastic_positions`): the records of its batches not yet delivered and the source
+    position after it was filled."""
 
     def __init__(self, source: _Source, size: int, pool: int, length, seed: int, state: dict | None):
         self.source, self.size, self.pool, self.length, self.seed = source, size, max(1, pool), length, seed
         state = state or {"source": source.state, "pool": 0, "done": 0}
         self.start, self.pool_index, self.done = source_position(state["source"]), state["pool"], state["done"]
+        self._group_keys: list[list[list]] = []  # [url, member] of each sample of the pool's batches
+        self._after: dict | None = None
 
     @property
     def state(self) -> dict:
-        return {"source": self.start, "pool": self.pool_index, "done": self.done}
+        state = {"source": self.start, "pool": self.pool_index, "done": self.done}
+        if self.done:
+            state.update(pending=[key for group in self._group_keys[self.done:] for key in group], after=self._after)
+        return state
 
     def __iter__(self) -> Iterator[list[dict]]:
         it = iter(self.source)
         while True:
-            samples = [s for _, s in zip(range(self.size * self.pool), it, strict=False)]
+            samples, keys = [], []
+            for sample in itertools.islice(it, self.size * self.pool):
+                samples.append(sample)
+                keys.append(self.source.last_key)
             if not samples:
                 return
+            self._after = self.source.state
             if self.pool > 1:
                 rng = random.Random((self.seed * 1_000_003 + self.source.role) * 7919 + self.pool_index)
                 groups = length_groups([self.length(s) for s in samples], self.size, rng)
             else:
                 groups = [list(range(len(samples)))]
+            self._group_keys = [[keys[i] for i in group] for group in groups]
             for group in groups[self.done:]:
                 self.done += 1
                 if self.done == len(groups):  # the pool is used up: resume after it
@@ -513,6 +651,62 @@ def collate_text(samples: list[dict]) -> dict:
 
 # --- the mixed stream --------------------------------------------------------------------------------
 
+def elastic_positions(states: list[dict], cfg: StreamConfig, rank: int, world_size: int) -> dict[int, dict]:
+    """This rank's role positions when a loader saved by another world size (or worker count) resumes here.
+
+    `states`: every old rank's `StreamLoader.state_dict()`. For each source, what the old roles had not
+    delivered (single records from their length pools and shuffle buffers; their unread shards) is pooled into
+    one `Residual` and dealt over the new roles; each new role reads its share, then goes on with the epoch
+    after the newest any old role had started, split the new way. Roles read their shares at one pace and
+    shares differ by up to a shard, so an old role may have fallen behind the others: its whole shares of the
+    epochs between its own and the newest are in the residual too. No record of any epoch is read twice or
+    skipped. What is not exact: the residual is read in shard order, unshuffled (the shuffle state belongs to
+    the old roles), and the batches, so the losses, differ from what the old world would have made.
+    """
+    seeds = {s["seed"] for s in states}
+    if seeds != {cfg.seed} or len(states) != states[0]["world_size"]:
+        raise ValueError(f"elastic resume needs every old rank's loader state with this run's seed ({cfg.seed}): "
+                         f"got {len(states)} states of {states[0]['world_size']} ranks, seeds {sorted(seeds)}")
+    workers, old_workers = max(1, cfg.num_workers), states[0]["num_workers"]
+    parts, old_parts = world_size * workers, len(states) * old_workers
+    stream = MixedStream(cfg, rank, world_size)
+    positions: dict[int, dict] = {wr: {"k": -1, "worker_role": wr} for wr in range(workers)}
+    for name, urls in (("caption", stream.caption_urls), ("text", stream.text_urls)):
+        if not urls:
+            continue
+        sources = []
+        for state in sorted(states, key=lambda s: s["rank"]):
+            for wr in range(old_workers):
+                saved = state["role_states"].get(str(wr), state["role_states"].get(wr, {})).get(name)
+                if saved is not None and not isinstance(saved, dict):  # a position saved before length buckets
+                    saved = {"source": saved, "pool": 0, "done": 0}
+                pending, position = [], None
+                if saved is not None:
+                    position = saved["source"]
+                    if saved["done"]:
+                        if "after" not in saved:
+                            raise ValueError("elastic resume: this checkpoint's reader state predates it (no record "
+                                             "of a length pool's undelivered batches); resume it on the same world "
+                                             "size, then change the world size at a later checkpoint")
+                        pending, position = saved["pending"], saved["after"]
+                role = state["rank"] * old_workers + wr
+                src = _Source(urls, role, old_parts, cfg.seed, cfg.shuffle_buffer, None, SkipLog(name), cfg.epochs,
+                              source_position(position) if position is not None else None)
+                sources.append((src, pending))
+        newest = max(src.epoch if src.started else src.epoch - 1 for src, _ in sources)
+        pooled = Residual()
+        for src, pending in sources:
+            left = src.left(newest)
+            pooled.records += pending + left.records
+            pooled.units += left.units
+        for wr in range(workers):
+            share = pooled.deal(parts, rank * workers + wr)
+            position = {"epoch": newest + 1, "pulled": 0, "cursor": [0, 0, 0], "buffer": [], "draining": False,
+                        "rng": None, "residual": share.state() if share else None}
+            positions[wr][name] = {"source": position, "pool": 0, "done": 0}
+    return positions
+
+
 def _dist_rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -658,6 +852,12 @@ class StreamLoader:
                                  f"exact resume needs the same {key}")
         self.next_index = state["next_index"]
         self.role_states = {int(k): v for k, v in state["role_states"].items()}
+
+    def load_elastic(self, states: list[dict]) -> None:
+        """Resume from the loader states of every rank of a run with another world size or worker count
+        (`elastic_positions`); the same world and workers resume exactly through `load_state_dict`."""
+        self.next_index = 0
+        self.role_states = elastic_positions(states, self.cfg, self.dataset.rank, self.dataset.world_size)
 
     def __iter__(self) -> Iterator[dict]:
         self.dataset.role_states = dict(self.role_states)

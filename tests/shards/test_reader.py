@@ -1,4 +1,6 @@
+import itertools
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -360,3 +362,82 @@ def test_an_error_in_a_worker_ends_the_process_instead_of_hanging(mode):
         return
     assert mode == "guarded", "the plain DataLoader did not hang: the control no longer shows the failure"
     assert proc.returncode != 0 and "bad record in worker 0" in err, err[-2000:]
+
+
+# --- elastic resume: another world size (or worker count) goes on with what the old one left ---------------
+
+def _world(cfg, world: int, stop: int | None, states: list | None = None, source: str = "caption"):
+    """Each rank of a `world`-rank run for `stop` batches (None: to the end), starting from `states` of another
+    world size if given: (the keys it delivered, every rank's loader state, JSON-serialised as a checkpoint)."""
+    keys, saved = [], []
+    for rank in range(world):
+        loader = StreamLoader(cfg, rank=rank, world_size=world)
+        if states is not None:
+            loader.load_elastic(states)
+        it = iter(loader)
+        for batch in itertools.islice(it, stop):
+            keys += batch[source]["keys"]
+        it.close()
+        saved.append(json.loads(json.dumps(loader.state_dict())))
+    return keys, saved
+
+
+def _source_cfg(corpus, source, pattern, pool, workers=0):
+    if source == "caption":
+        return cfg_for(corpus, caption_shards=str(corpus / pattern), text_batch_size=0, caption_batch_size=1,
+                       epochs=2, length_buckets=pool, num_workers=workers)
+    return cfg_for(corpus, caption_batch_size=0, text_batch_size=1, epochs=2, length_buckets=pool,
+                   num_workers=workers)
+
+
+@pytest.mark.parametrize("old,new", [(2, 1), (1, 2), (2, 3)])
+@pytest.mark.parametrize("source,pattern,pool", [("caption", "cap-{0..4}.tar", 1), ("caption", "cap-{0..4}.tar", 3),
+                                                 ("caption", "cap-0.tar", 2), ("text", None, 2)])
+def test_elastic_resume_reads_every_record_of_both_epochs_once(corpus, old, new, source, pattern, pool):
+    """Stopped anywhere in two epochs (roles inside a length pool, with a full buffer, one role already in the
+    next epoch while another is not), the new world reads every record exactly once per epoch in all."""
+    cfg = _source_cfg(corpus, source, pattern, pool)
+    everything, _ = _world(cfg, 1, None, source=source)
+    assert len(everything) == 2 * len(set(everything))
+    for stop in (1, 4, 7, 13, 16):
+        before, states = _world(cfg, old, stop, source=source)
+        after, _ = _world(cfg, new, None, states, source=source)
+        assert sorted(before + after) == sorted(everything), (stop, Counter(before + after) - Counter(everything))
+
+
+def test_elastic_resume_twice_inside_the_residual_and_across_worker_counts(corpus):
+    """2 ranks x 2 workers -> 3 ranks x 1 worker, stopped while reading the residual -> 1 rank x 2 workers."""
+    cfg2, cfg0 = _source_cfg(corpus, "text", None, 2, workers=2), _source_cfg(corpus, "text", None, 2)
+    everything, _ = _world(cfg0, 1, None, source="text")
+    first, states = _world(cfg2, 2, 5, source="text")
+    second, states = _world(cfg0, 3, 2, states, source="text")
+    assert any(s["role_states"]["0"]["text"]["source"]["residual"] for s in states)  # stopped inside it
+    third, _ = _world(cfg2, 1, None, states, source="text")
+    assert sorted(first + second + third) == sorted(everything)
+
+
+def test_elastic_resume_inside_the_residual_is_exact_on_the_same_world(corpus):
+    cfg = _source_cfg(corpus, "caption", "cap-{0..4}.tar", 3)
+    _, states = _world(cfg, 2, 6)
+    loader = StreamLoader(cfg, rank=0, world_size=3)
+    loader.load_elastic(states)
+    reference = keys_of(loader, "caption")
+    for stop in range(len(reference)):
+        first = StreamLoader(cfg, rank=0, world_size=3)
+        first.load_elastic(states)
+        it = iter(first)
+        for _ in range(stop):
+            next(it)
+        resumed = StreamLoader(cfg, rank=0, world_size=3)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert reference[:stop] + keys_of(resumed, "caption") == reference, stop
+
+
+def test_elastic_resume_refuses_missing_ranks_or_another_seed(corpus):
+    cfg = _source_cfg(corpus, "text", None, 1)
+    _, states = _world(cfg, 2, 3, source="text")
+    with pytest.raises(ValueError, match="every old rank"):
+        StreamLoader(cfg, rank=0, world_size=1).load_elastic(states[:1])
+    with pytest.raises(ValueError, match="seed"):
+        other = cfg_for(corpus, caption_batch_size=0, text_batch_size=1, epochs=2, seed=cfg.seed + 1)
+        StreamLoader(other, rank=0, world_size=1).load_elastic(states)
