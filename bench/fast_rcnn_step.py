@@ -38,7 +38,7 @@ class TorchvisionC4(nn.Module):
             "conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3")))
         self.head = resnet.layer4
         # our strides (feature stride 8 moves res4's stride) and weights, so both compute the same network
-        for (name, mine), (_, theirs) in zip(ours.backbone.named_modules(), self.trunk.named_modules()):
+        for (_, mine), (_, theirs) in zip(ours.backbone.named_modules(), self.trunk.named_modules()):
             if isinstance(mine, nn.Conv2d):
                 theirs.stride, theirs.padding, theirs.dilation = mine.stride, mine.padding, mine.dilation
         self.trunk.load_state_dict(ours.backbone.state_dict())

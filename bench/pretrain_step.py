@@ -36,7 +36,7 @@ SHAPES = {
 }
 
 
-COLUMNS = ["shape", "samples/step", "ours samples/s", "plain loop samples/s", "ours / plain",
+COLUMNS = ["shape", "samples/step", "ours samples/s", "plain loop samples/s", "ours / plain", "ours at ZeRO-0 / plain",
            "GFLOP/step (transformer / CNN)", "util.", "CNN share of step", "util. CNN / transformer"]
 HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS)
 
@@ -67,11 +67,9 @@ def step_flops(model_cfg, fast_rcnn, batches) -> dict[str, float]:
 
 
 def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
-    import deepspeed
-
     from model.config import model_config
     from model.vl_bert import VLBertForPretraining
-    from pretrain.engine import EngineConfig, OptimConfig, deepspeed_config, linear_warmup_decay, param_groups
+    from pretrain.engine import EngineConfig, OptimConfig, initialize_deepspeed, linear_warmup_decay, param_groups
     from pretrain.tasks import LossConfig, VLBertPretraining
 
     shape = SHAPES[name]
@@ -96,21 +94,27 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
             sched.step()
         return one
 
-    engine_cfg = EngineConfig(zero_stage=2, precision="fp32", steps=1000)
-    optim_cfg = OptimConfig(lr=1e-4, warmup_steps=10)
-    ds_model = VLBertPretraining(VLBertForPretraining(model_cfg), LossConfig())
-    opt = torch.optim.AdamW(param_groups(ds_model, 1e-4), lr=1e-4)
-    ds_config = deepspeed_config(engine_cfg, optim_cfg, shape["captions"] + shape["texts"])
-    engine, *_ = deepspeed.initialize(model=ds_model, optimizer=opt, config=ds_config,
-                                      lr_scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(
-                                          o, linear_warmup_decay(10, 1000)))
+    def engine_for(stage: int):
+        module = VLBertPretraining(VLBertForPretraining(model_cfg), LossConfig())
+        module.load_state_dict(initial)
+        opt = torch.optim.AdamW(param_groups(module, 1e-4), lr=1e-4)
+        engine, *_ = initialize_deepspeed(module, opt, linear_warmup_decay(10, 1000),
+                                          EngineConfig(zero_stage=stage, precision="fp32", steps=1000),
+                                          OptimConfig(lr=1e-4, warmup_steps=10), shape["captions"] + shape["texts"])
+        return engine
 
-    def ours():
-        def one(b):
-            loss, _ = engine(b)
-            engine.backward(loss)
-            engine.step()
-        return one
+    engines = {stage: engine_for(stage) for stage in (2, 0)}
+
+    def ours(stage: int):
+        engine = engines[stage]
+
+        def make():
+            def one(b):
+                loss, _ = engine(b)
+                engine.backward(loss)
+                engine.step()
+            return one
+        return make
 
     def timed(make):
         step = make()
@@ -132,9 +136,10 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
             detector.zero_grad(set_to_none=True)
         return one
 
-    results = {"ours": [], "plain": [], "cnn": []}
+    results = {"ours": [], "ours_zero0": [], "plain": [], "cnn": []}
     for _ in range(repeats):  # interleaved
-        results["ours"].append(timed(ours))
+        results["ours"].append(timed(ours(2)))
+        results["ours_zero0"].append(timed(ours(0)))
         results["plain"].append(timed(plain))
         results["cnn"].append(timed(cnn_only))
     samples = shape["captions"] + shape["texts"]
@@ -145,6 +150,7 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     return {"shape": name, "samples_per_step": samples, "seconds_per_step": results,
             "samples_per_s": {k: [samples / s for s in v] for k, v in results.items() if k != "cnn"},
             "ratio": [p / o for o, p in zip(results["ours"], results["plain"])],
+            "ratio_zero0": [p / o for o, p in zip(results["ours_zero0"], results["plain"])],
             "flops_per_step": flops, "matmul_peak_flops": peak,
             "cnn_share_of_plain_step": t_cnn / statistics.median(results["plain"]),
             "utilisation": {"total": total / t_ours / peak, "transformer_share_of_flops": flops["transformer"] / total,
@@ -190,14 +196,17 @@ def main(argv=None):
             rows.append(f"| {r['shape']} | {r['samples_per_step']} | {median_range(sps['ours'])} | "
                         f"{median_range(sps['plain'])} | {statistics.median(r['ratio']):.2f} "
                         f"({min(r['ratio']):.2f}-{max(r['ratio']):.2f}) | "
+                        f"{statistics.median(r['ratio_zero0']):.2f} "
+                        f"({min(r['ratio_zero0']):.2f}-{max(r['ratio_zero0']):.2f}) | "
                         f"{r['flops_per_step']['transformer'] / 1e9:.1f} / {r['flops_per_step']['cnn'] / 1e9:.1f} | "
                         f"{100 * r['utilisation']['total']:.1f}% | {100 * r['cnn_share_of_plain_step']:.0f}% | "
                         f"{100 * r['utilisation']['cnn']:.1f}% / {100 * r['utilisation']['transformer']:.1f}% |")
         update_section("pretrain_step", f"""
 ## Pretraining step: DeepSpeed engine vs a plain PyTorch loop
 
-`python -m bench.pretrain_step --write`: one process, ZeRO-2, fp32, the same module and the same
-pre-made batches (data loading excluded) for both; {args.steps} timed steps after a warm-up step,
+`python -m bench.pretrain_step --write`: one process, ZeRO-2 (and, in its own column, ZeRO-0: at one rank
+the engine then skips DeepSpeed's gradient all-reduce), fp32, the same module and the same pre-made batches
+(data loading excluded) for all; {args.steps} timed steps after a warm-up step,
 {args.repeats} interleaved repeats; median (min-max). Utilisation = counted model FLOPs (`model/flops.py`:
 transformer 6N per token + attention + heads at masked positions; CNN by FlopCounterMode, x3 for
 backward) per second of our step, over a {2048}^3 fp32 GEMM measured in the same run

@@ -313,6 +313,24 @@ def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: in
     return ds
 
 
+def initialize_deepspeed(module: torch.nn.Module, optimizer: torch.optim.Optimizer, factor, cfg: EngineConfig,
+                         optim: OptimConfig, micro_batch_size: int):
+    """DeepSpeed's engine over `module` as the Engine runs it (and `bench.pretrain_step` measures it):
+    (engine, optimizer, LR scheduler), the schedule `factor` of the step."""
+    import deepspeed
+
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=module, optimizer=optimizer,
+        config=deepspeed_config(cfg, optim, micro_batch_size, sum(p.numel() for p in module.parameters())),
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world == 1 and cfg.zero_stage == 0 and cfg.precision == "fp32":
+        # one rank has nothing to average with; DeepSpeed's all-reduce would still pass every gradient through
+        # the process group (ZeRO and the mixed-precision optimizers reduce in their own hooks: left as they are)
+        engine.enable_backward_allreduce = False
+    return engine, optimizer, scheduler
+
+
 def _rng_state() -> dict:
     np_state = np.random.get_state()
     state = {"python": random.getstate(), "torch": torch.get_rng_state(),
@@ -350,8 +368,6 @@ class Engine:
     def __init__(self, module: torch.nn.Module, loader, cfg: EngineConfig, optim: OptimConfig, *,
                  micro_batch_size: int, count_batch=None, draw_batch=None, run_info: dict | None = None,
                  evaluate=None):
-        import deepspeed
-
         self.cfg, self.optim_cfg, self.loader = cfg, optim, loader
         self.count_batch = count_batch  # batch -> {"samples": n, "tokens": n, "images": n} (CPU tensors)
         self.draw_batch = draw_batch  # batch -> uint8 [3, H, W] image for TensorBoard
@@ -363,10 +379,8 @@ class Engine:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         optimizer, factor = build_optimizer(module, optim, cfg.steps)
         self._guard = FiniteGuard(optimizer) if cfg.zero_stage == 0 and cfg.precision == "fp32" else None
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=deepspeed_config(cfg, optim, micro_batch_size,
-                                                                      sum(p.numel() for p in module.parameters())),
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
+        self.engine, self.optimizer, self.scheduler = initialize_deepspeed(module, optimizer, factor, cfg, optim,
+                                                                           micro_batch_size)
         self.device = self.engine.device
         # The per-step stop vote travels over a CPU (gloo) group: on NCCL a GPU tensor + .item() every
         # step would sync the device in the hot loop.
