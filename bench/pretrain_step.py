@@ -100,7 +100,8 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
         opt = torch.optim.AdamW(param_groups(module, 1e-4), lr=1e-4)
         engine, *_ = initialize_deepspeed(module, opt, linear_warmup_decay(10, 1000),
                                           EngineConfig(zero_stage=stage, precision="fp32", steps=1000),
-                                          OptimConfig(lr=1e-4, warmup_steps=10), shape["captions"] + shape["texts"])
+                                          OptimConfig(lr=1e-4, warmup_steps=10, grad_clip=1.0),
+                                          shape["captions"] + shape["texts"])
         return engine
 
     engines = {stage: engine_for(stage) for stage in (2, 0)}

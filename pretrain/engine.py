@@ -129,16 +129,22 @@ class FiniteGuard:
     ZeRO stage 0 in fp32 (its ZeRO 1-3 optimizers and its bf16/fp16 wrappers test the global gradient norm they
     compute for clipping and skip the step themselves). Installed as the torch optimizer's `step`.
 
+    On that path it also clips (`max_norm` > 0; DeepSpeed's own clipping is then off, see `deepspeed_config`):
+    the total norm it computes for the test is the one clipping needs, taken once with torch's multi-tensor
+    kernels, where DeepSpeed's fp32 clipping loops over the parameters, and computes a second norm. `norm` keeps
+    it (a device tensor) for the `grad_norm` metric, which DeepSpeed does not report on this path.
+
     A fused optimizer (CUDA) gets the flag as `found_inf`, the attribute torch's GradScaler uses: the fused
     kernels leave weights, moments and step count unchanged where it is set, so nothing waits on the device.
     The unfused ones (CPU, where there is no device to wait for) read the flag and skip the call; the
     `overflow` attribute it leaves tells DeepSpeed's engine the step was skipped (no LR scheduler step)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.optimizer = optimizer
+    def __init__(self, optimizer: torch.optim.Optimizer, max_norm: float = 0.0):
+        self.optimizer, self.max_norm = optimizer, max_norm
         self.inner = optimizer.step
         self.fused = bool(optimizer.defaults.get("fused"))
         self.device_flag: torch.Tensor | None = None  # the fused path's last flag, read when the engine settles
+        self.norm: torch.Tensor | None = None  # the last step's total gradient norm, before clipping
 
         def step(opt, *args, **kwargs):  # a method, as torch's LR schedulers expect to wrap one
             return self(*args, **kwargs)
@@ -147,10 +153,13 @@ class FiniteGuard:
 
     def __call__(self, *args, **kwargs):
         opt = self.optimizer
-        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
             return self.inner(*args, **kwargs)
-        bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+        self.norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        bad = ~torch.isfinite(self.norm)
+        if self.max_norm > 0:  # a non-finite norm's step is skipped below, whatever this leaves in the grads
+            torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, self.norm)
         if self.fused:
             opt.grad_scale, opt.found_inf = None, bad.float()
             try:
@@ -281,6 +290,11 @@ def bucket_elements(num_params: int) -> int:
     return int(min(500_000_000, max(1 << 20, num_params // 8))) // 64 * 64  # NCCL alignment
 
 
+def guarded(cfg: EngineConfig) -> bool:
+    """Whether the engine's own FiniteGuard skips and clips (ZeRO 0 in fp32), not DeepSpeed's optimizer."""
+    return cfg.zero_stage == 0 and cfg.precision == "fp32"
+
+
 def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: int,
                      num_params: int | None = None) -> dict:
     zero: dict = {"stage": cfg.zero_stage}
@@ -293,7 +307,8 @@ def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: in
     ds = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-        "gradient_clipping": optim.grad_clip,
+        # ZeRO 0 in fp32: FiniteGuard clips (one multi-tensor norm, reported); elsewhere DeepSpeed does
+        "gradient_clipping": 0.0 if guarded(cfg) else optim.grad_clip,
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # torch AdamW (fused on CUDA) is ours, not DeepSpeed's
         "steps_per_print": 1 << 30,
@@ -316,9 +331,10 @@ def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: in
 def initialize_deepspeed(module: torch.nn.Module, optimizer: torch.optim.Optimizer, factor, cfg: EngineConfig,
                          optim: OptimConfig, micro_batch_size: int):
     """DeepSpeed's engine over `module` as the Engine runs it (and `bench.pretrain_step` measures it):
-    (engine, optimizer, LR scheduler), the schedule `factor` of the step."""
+    (engine, optimizer, LR scheduler, FiniteGuard or None), the schedule `factor` of the step."""
     import deepspeed
 
+    guard = FiniteGuard(optimizer, optim.grad_clip) if guarded(cfg) else None
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=module, optimizer=optimizer,
         config=deepspeed_config(cfg, optim, micro_batch_size, sum(p.numel() for p in module.parameters())),
@@ -328,7 +344,7 @@ def initialize_deepspeed(module: torch.nn.Module, optimizer: torch.optim.Optimiz
         # one rank has nothing to average with; DeepSpeed's all-reduce would still pass every gradient through
         # the process group (ZeRO and the mixed-precision optimizers reduce in their own hooks: left as they are)
         engine.enable_backward_allreduce = False
-    return engine, optimizer, scheduler
+    return engine, optimizer, scheduler, guard
 
 
 def _rng_state() -> dict:
@@ -378,9 +394,8 @@ class Engine:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         optimizer, factor = build_optimizer(module, optim, cfg.steps)
-        self._guard = FiniteGuard(optimizer) if cfg.zero_stage == 0 and cfg.precision == "fp32" else None
-        self.engine, self.optimizer, self.scheduler = initialize_deepspeed(module, optimizer, factor, cfg, optim,
-                                                                           micro_batch_size)
+        self.engine, self.optimizer, self.scheduler, self._guard = initialize_deepspeed(
+            module, optimizer, factor, cfg, optim, micro_batch_size)
         self.device = self.engine.device
         # The per-step stop vote travels over a CPU (gloo) group: on NCCL a GPU tensor + .item() every
         # step would sync the device in the hot loop.
@@ -570,6 +585,8 @@ class Engine:
         if counts.get("positions"):
             scalars["padding_fraction"] = 1.0 - counts["tokens"] / counts["positions"]
         grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is None and self._guard is not None:
+            grad_norm = self._guard.norm
         if grad_norm is not None:
             scalars["grad_norm"] = float(grad_norm)
         scale = getattr(self.optimizer, "cur_scale", None) or getattr(self.optimizer, "loss_scale", None)

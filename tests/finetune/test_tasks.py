@@ -445,6 +445,8 @@ def test_vqa_trains_from_an_export_and_predicts(demo_corpus, tiny_export, tmp_pa
              f"data.boxes={raw}/boxes.jsonl", "data.answer_min_count=1", "epochs=0.4", "eval_split=val2014")
     loss = losses(run)
     assert np.mean(loss[-3:]) < np.mean(loss[:3])
+    # one process at ZeRO 0: the engine's guard clips and reports the norm DeepSpeed does not on this path
+    assert all(json.loads(line)["grad_norm"] > 0 for line in open(run / "metrics.jsonl"))
     metrics = json.loads((run / "metrics_val2014.json").read_text())
     assert metrics["questions"] == 8 and 0 <= metrics["overall"] <= 100
     assert set(metrics["per_answer_type"]) <= {"yes/no", "number", "other"}

@@ -177,3 +177,33 @@ def test_finite_guard_skips_on_the_device_or_the_host(fused):
             ref_opt.step()
             assert all(torch.equal(ref_lin.state_dict()[k], v) for k, v in lin.state_dict().items())
             assert ("found_inf" not in vars(opt)) and all(torch.isfinite(v).all() for v in lin.state_dict().values())
+
+
+def test_finite_guard_clips_as_torch_does_and_keeps_the_norm():
+    """At ZeRO 0 in fp32 the guard clips in DeepSpeed's place: the same gradients and step as
+    torch.nn.utils.clip_grad_norm_ before the optimizer, and the norm before clipping for the grad_norm metric;
+    DeepSpeed's own clipping is off on that path only."""
+    from pretrain.engine import EngineConfig, FiniteGuard, OptimConfig, deepspeed_config
+
+    def make():
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 3)
+        return lin, torch.optim.AdamW(lin.parameters(), lr=0.1)
+
+    lin, opt = make()
+    guard = FiniteGuard(opt, max_norm=0.5)
+    ref_lin, ref_opt = make()
+    for scale in (10.0, 0.01):  # clipped, then under the limit
+        for m in (lin, ref_lin):
+            for i, p in enumerate(m.parameters()):
+                p.grad = torch.arange(p.numel(), dtype=torch.float32).view_as(p) * scale * (i + 1)
+        norm = torch.nn.utils.clip_grad_norm_(ref_lin.parameters(), 0.5)
+        ref_opt.step()
+        opt.step()
+        assert torch.allclose(guard.norm, norm) and (norm > 0.5) == (scale == 10.0)
+        for a, b in zip(lin.parameters(), ref_lin.parameters()):
+            assert torch.equal(a.grad, b.grad) and torch.equal(a, b)
+    optim = OptimConfig(grad_clip=0.5)
+    assert deepspeed_config(EngineConfig(zero_stage=0, precision="fp32"), optim, 2)["gradient_clipping"] == 0.0
+    assert deepspeed_config(EngineConfig(zero_stage=2, precision="fp32"), optim, 2)["gradient_clipping"] == 0.5
+    assert deepspeed_config(EngineConfig(zero_stage=0, precision="bf16"), optim, 2)["gradient_clipping"] == 0.5
