@@ -47,6 +47,14 @@ def normalise(boxes: torch.Tensor, image_hw: torch.Tensor) -> torch.Tensor:
     return boxes / image_hw.flip(-1).to(boxes.dtype).repeat(1, 2).unsqueeze(1)
 
 
+def scale_features(boxes_normalised: torch.Tensor) -> torch.Tensor:
+    """[..., 4] boxes normalised by the image's width and height -> [..., 4] (w, h, log w, log h): what a
+    size classifier reads. An object's side over the image's shorter side is the larger of w and h for a
+    square box; the logs spread the small sizes apart."""
+    wh = (boxes_normalised[..., 2:] - boxes_normalised[..., :2]).float().clamp(min=1e-4)
+    return torch.cat([wh, wh.log()], -1)
+
+
 def from_one_based_inclusive(boxes: torch.Tensor) -> torch.Tensor:
     """PASCAL VOC / Flickr30k corners (1-based, inclusive) -> 0-based continuous (x2, y2 exclusive)."""
     return boxes.to(torch.float32) - torch.tensor([1.0, 1.0, 0.0, 0.0], device=boxes.device)

@@ -142,6 +142,10 @@ class FastRCNNConfig:
     # attribute classifier on the region feature (bottom-up attention's attribute head; Visual Genome: 400),
     # trained by the detector warm-up and exported with it; 0 = none
     num_attributes: int = 0
+    # size classifier on the box's geometry (its width and height over the image's): RoIAlign resamples every box
+    # to one grid, so the region feature cannot tell a large object from a small one. Trained by the detector
+    # warm-up on annotated sizes (`sizes` of a COCO-format file) and exported with it; 0 = none
+    num_sizes: int = 0
     weights: str | None = None  # local torchvision ResNet or Faster R-CNN state dict; None = random init
     freeze_stem: bool = True  # conv1 (+ its frozen BN) not trained, as in detectron's C4 models
     freeze_res2: bool = True  # res2 (layer1) not trained either: the official e2e configs' FREEZE_AT = 2
@@ -220,6 +224,9 @@ class VLBertConfig:
     # (`region_words`). None = off (official pretraining).
     region_class_words: list | None = None
     region_attribute_words: list | None = None
+    # the same for the size classifier's names (weighted by its distribution over the box geometry): a word
+    # such as "large" binds to the regions of that size as "red" binds to the red ones
+    region_size_words: list | None = None
     # Words take the region words of the regions they name: each word adds a softmax-weighted share of the
     # region word embeddings of the unmasked regions whose class or attribute name its own embedding is close
     # to (cosine), against a "no region" option at this cosine threshold (None = off). VL-BERT's words take

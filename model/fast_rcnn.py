@@ -14,7 +14,12 @@ Weights (`FastRCNNConfig.weights`), a local state dict, either:
 - a torchvision ResNet (`conv1.*`, `bn1.*`, `layer1..4.*`, `fc.*`): `conv1/bn1/layer1..3` -> `backbone.*`,
   `layer4` -> `box_head.*`, `fc` dropped (ImageNet classes are not object classes);
 - a torchvision Faster R-CNN (`backbone.body.<same names>`), the FPN/RPN/ROI-head keys being dropped;
-- our own export of this module (`backbone.*`, `box_head.*`, `object_classifier.*`, `attribute_classifier.*`).
+- our own export of this module (`backbone.*`, `box_head.*`, `object_classifier.*`, `attribute_classifier.*`,
+  `size_classifier.*`).
+
+Beside the object (and attribute) classifiers on the region feature, an optional size classifier reads the
+box's geometry (`model.boxes.scale_features`): RoIAlign resamples every box to the same grid, so the
+region feature does not say how large the object is.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from torch import nn
 from torchvision.models.resnet import Bottleneck
 from torchvision.ops import FrozenBatchNorm2d, roi_align
 
-from .boxes import with_whole_image
+from .boxes import scale_features, with_whole_image
 from .config import FastRCNNConfig
 
 
@@ -53,6 +58,12 @@ def pixel_mask(boxes: torch.Tensor, masked: torch.Tensor, image_sizes: torch.Ten
     cols = torch.arange(width, device=dev).view(1, 1, width)
     outside = (rows >= image_sizes[:, 0].view(b, 1, 1)) | (cols >= image_sizes[:, 1].view(b, 1, 1))
     return covered | outside
+
+
+def size_classifier(num_sizes: int) -> nn.Sequential:
+    """The size head over `scale_features` of a box: a small MLP, as a size is an interval of the larger
+    normalised side, which no linear function of (w, h) is."""
+    return nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, num_sizes))
 
 
 class FrozenBN(FrozenBatchNorm2d):
@@ -113,6 +124,11 @@ class FastRCNN(nn.Module):
         self.feature_size = resnet.fc.in_features  # 2048 for ResNet-50/101, 512 for 18/34
         self.object_classifier = nn.Linear(self.feature_size, cfg.num_classes)
         self.attribute_classifier = nn.Linear(self.feature_size, cfg.num_attributes) if cfg.num_attributes else None
+        self.size_classifier = None
+        if cfg.num_sizes:
+            # drawn on a forked generator, so every other module's random init is what it is without it
+            with torch.random.fork_rng(devices=[]):
+                self.size_classifier = size_classifier(cfg.num_sizes)
         for name, value in self.config_buffers().items():
             self.register_buffer(name, value, persistent=False)
         nn.init.normal_(self.object_classifier.weight, std=0.01)
@@ -148,7 +164,8 @@ class FastRCNN(nn.Module):
         mapped = {}
         for key, value in state.items():
             key = key.removeprefix("backbone.body.")
-            if key.startswith(("backbone.", "box_head.", "object_classifier.", "attribute_classifier.")):
+            if key.startswith(("backbone.", "box_head.", "object_classifier.", "attribute_classifier.",
+                               "size_classifier.")):
                 mapped[key] = value
             elif key.startswith("layer4."):
                 mapped["box_head." + key.removeprefix("layer4.")] = value
@@ -157,7 +174,8 @@ class FastRCNN(nn.Module):
         own = self.state_dict()
         # batch norm's step counter means nothing to frozen statistics (a "batch" warm-up loaded as "frozen")
         mapped = {k: v for k, v in mapped.items() if not k.endswith("num_batches_tracked") or k in own}
-        heads = ("object_classifier.", "attribute_classifier.")  # the warm-up's; a plain ResNet has none
+        heads = ("object_classifier.", "attribute_classifier.", "size_classifier.")  # the warm-up's; a plain ResNet
+        # has none
         missing = [k for k in own if k not in mapped and not k.startswith(heads)]
         if missing:
             raise ValueError(f"{path}: not a {self.cfg.backbone} state dict; missing e.g. {missing[:3]}")
@@ -165,11 +183,20 @@ class FastRCNN(nn.Module):
                 and mapped["attribute_classifier.weight"].shape[0] != self.cfg.num_attributes:
             raise ValueError(f"{path}: its attribute classifier has {mapped['attribute_classifier.weight'].shape[0]} "
                              f"attributes, fast_rcnn.num_attributes is {self.cfg.num_attributes}")
+        if self.size_classifier is not None and "size_classifier.2.weight" in mapped \
+                and mapped["size_classifier.2.weight"].shape[0] != self.cfg.num_sizes:
+            raise ValueError(f"{path}: its size classifier has {mapped['size_classifier.2.weight'].shape[0]} sizes, "
+                             f"fast_rcnn.num_sizes is {self.cfg.num_sizes}")
         for key, value in mapped.items():
             if key in own and own[key].shape != value.shape:
                 raise ValueError(f"{path}: '{key}' has shape {list(value.shape)}, {self.cfg.backbone} needs "
                                  f"{list(own[key].shape)}")
         self.load_state_dict(mapped, strict=False)
+
+    def size_logits(self, boxes_normalised: torch.Tensor) -> torch.Tensor:
+        """[..., 4] boxes over the image's (w, h, w, h) -> [..., num_sizes]."""
+        weight = self.size_classifier[0].weight
+        return self.size_classifier(scale_features(boxes_normalised).to(weight.dtype))
 
     def normalise(self, images: torch.Tensor, image_sizes: torch.Tensor, boxes: torch.Tensor | None = None,
                   masked: torch.Tensor | None = None) -> torch.Tensor:

@@ -7,7 +7,8 @@ Each element's embedding = token + visual feature + segment (A, B, C) + position
 - regions take their own: FC(appearance ++ sine/cosine geometry); their token is [IMG], or a learned
   RoI-[MASK] embedding when the region is masked; all regions share one position. Optionally an
   unmasked region's token adds its region word embedding: the detector's class and attribute
-  distributions (computed from its appearance) weighting the word embeddings of their names.
+  distributions (computed from its appearance), and its size distribution (from its box), weighting
+  the word embeddings of their names.
 The visual terms go through LayerNorms whose gain starts at zero, as in the official code, so a
 freshly loaded BERT computes exactly what it computed as a text model and vision is learned in.
 """
@@ -179,7 +180,8 @@ class VLBertEmbeddings(nn.Module):
         cfg, out = self.cfg, {}
         if cfg.visual_embedding != "vlbert":
             return out
-        for kind, names in (("class", cfg.region_class_words), ("attribute", cfg.region_attribute_words)):
+        for kind, names in (("class", cfg.region_class_words), ("attribute", cfg.region_attribute_words),
+                            ("size", cfg.region_size_words)):
             if names is not None:
                 ids, weights = word_table(names)
                 top = max(i for name in names for i in name)  # from the config: the tables may be on meta
@@ -221,23 +223,24 @@ class VLBertEmbeddings(nn.Module):
         ids, weights = getattr(self, f"region_{kind}_word_ids"), getattr(self, f"region_{kind}_word_weights")
         return (self.word_embeddings(ids) * weights.unsqueeze(-1).to(self.word_embeddings.weight.dtype)).sum(1)
 
-    def region_word_terms(self, class_logits: torch.Tensor | None, attribute_logits: torch.Tensor | None
-                          ) -> list[torch.Tensor]:
-        """sum_c p(c) E[name_c] over the foreground classes, and the same over attributes: each [B, R, hidden]."""
+    def region_word_terms(self, class_logits: torch.Tensor | None, attribute_logits: torch.Tensor | None,
+                          size_logits: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """sum_c p(c) E[name_c] over the foreground classes, and the same over attributes and sizes: each
+        [B, R, hidden]."""
         terms = []
         if class_logits is not None:
             probs = class_logits[..., 1:].float().softmax(-1)  # a box is an object: background is no name
             terms.append(probs.to(class_logits.dtype) @ self.name_embeddings("class")[1:])
-        if attribute_logits is not None:
-            probs = attribute_logits.float().softmax(-1)
-            terms.append(probs.to(attribute_logits.dtype) @ self.name_embeddings("attribute"))
+        for kind, logits in (("attribute", attribute_logits), ("size", size_logits)):
+            if logits is not None:
+                terms.append(logits.float().softmax(-1).to(logits.dtype) @ self.name_embeddings(kind))
         return terms
 
     def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor
                              ) -> torch.Tensor:
         """Each word's share of the region words of the regions its own embedding names: [B, T, hidden].
 
-        score(t, r) = max over the parts (class, attribute) of cos(E[word t], part of region r); weights =
+        score(t, r) = max over the parts (class, attribute, size) of cos(E[word t], part of region r); weights =
         softmax over the candidate regions and one "no region" option scored at the threshold, all times
         the scale. So "circle" takes the circle region's "red", "red" the red region's "circle", and a word
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
@@ -296,20 +299,23 @@ class VLBert(nn.Module):
             raise ValueError(f"region_input: '{cfg.region_input}' is not 'pixels' or 'features'")
         end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
-        self.region_words = cfg.visual_embedding == "vlbert" and (cfg.region_class_words is not None or
-                                                                  cfg.region_attribute_words is not None)
+        self.region_words = cfg.visual_embedding == "vlbert" and any(
+            names is not None for names in (cfg.region_class_words, cfg.region_attribute_words, cfg.region_size_words))
         if self.fast_rcnn is not None and self.fast_rcnn.attribute_classifier is not None and \
                 cfg.region_attribute_words is None:
             # carried, not trained: nothing reads it in pretraining, but it says what the trained features still
             # tell about attributes (detector drift)
             self.fast_rcnn.attribute_classifier.requires_grad_(False)
+        if self.fast_rcnn is not None and self.fast_rcnn.size_classifier is not None and cfg.region_size_words is None:
+            self.fast_rcnn.size_classifier.requires_grad_(False)  # the same: carried for drift, read by nothing
         if cfg.region_word_alignment is not None and not self.region_words:
             raise ValueError("region_word_alignment aligns words to region word embeddings: set region_class_words "
-                             "/ region_attribute_words (pretraining: region_words) too")
+                             "/ region_attribute_words / region_size_words (pretraining: region_words) too")
         if self.region_words:
             if cfg.region_input != "pixels":
-                raise ValueError("region_class_words / region_attribute_words need the end-to-end Fast R-CNN "
-                                 "(region_input: pixels): its classifiers compute the region word distributions")
+                raise ValueError("region_class_words / region_attribute_words / region_size_words need the end-to-end "
+                                 "Fast R-CNN (region_input: pixels): its classifiers compute the region word "
+                                 "distributions")
             if cfg.region_class_words is not None and len(cfg.region_class_words) != cfg.fast_rcnn.num_classes:
                 raise ValueError(f"region_class_words names {len(cfg.region_class_words)} classes, "
                                  f"fast_rcnn.num_classes is {cfg.fast_rcnn.num_classes}")
@@ -317,6 +323,9 @@ class VLBert(nn.Module):
                     len(cfg.region_attribute_words) != cfg.fast_rcnn.num_attributes:
                 raise ValueError(f"region_attribute_words names {len(cfg.region_attribute_words)} attributes, "
                                  f"fast_rcnn.num_attributes is {cfg.fast_rcnn.num_attributes}")
+            if cfg.region_size_words is not None and len(cfg.region_size_words) != cfg.fast_rcnn.num_sizes:
+                raise ValueError(f"region_size_words names {len(cfg.region_size_words)} sizes, "
+                                 f"fast_rcnn.num_sizes is {cfg.fast_rcnn.num_sizes}")
         if cfg.visual_embedding == "vlbert":
             appearance = self.fast_rcnn.feature_size if self.fast_rcnn is not None else cfg.precomputed_feature_size
             self.embeddings.build_visual_feature_embedding(appearance)
@@ -482,7 +491,8 @@ class VLBert(nn.Module):
                 detector = self.fast_rcnn
                 terms = emb.region_word_terms(
                     detector.object_classifier(appearance) if cfg.region_class_words is not None else None,
-                    detector.attribute_classifier(appearance) if cfg.region_attribute_words is not None else None)
+                    detector.attribute_classifier(appearance) if cfg.region_attribute_words is not None else None,
+                    detector.size_logits(boxes_norm) if cfg.region_size_words is not None else None)
                 is_object = torch.cat([~whole, box_mask], 1)
                 token = token + sum(terms) * is_object.unsqueeze(-1).to(words.dtype)
                 if cfg.region_word_alignment is not None:  # a masked region names nothing: no word aligns to it

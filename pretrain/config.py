@@ -76,9 +76,13 @@ class PretrainConfig:
     grounding: GroundingConfig | None = None
     grounding_periodic_images: int = 40
     # the detector's vocabulary (`fast_rcnn.vocab.json`, written by `python -m pretrain.detector` beside its
-    # weights): its class and attribute names, tokenized into model.region_class_words /
-    # region_attribute_words, turn on region word embeddings (model/vl_bert.py); None = off (official)
+    # weights): its class, attribute and size names, tokenized into model.region_class_words /
+    # region_attribute_words / region_size_words, turn on region word embeddings (model/vl_bert.py); None = off
+    # (official)
     region_words: str | None = None
+    # which of the vocabulary's groups (classes, attributes, sizes) become region words; a group the file does not
+    # have is skipped
+    region_word_groups: list[str] = field(default_factory=lambda: ["classes", "attributes", "sizes"])
     # the MLM head's transform when `bert` has none (the packaged MiniLM): "random" (BERT's init) or "readout"
     # (identity: the head starts by naming the word nearest the output state; MaskedLanguageModelingHead.
     # init_as_readout; with region_words the MRC head too, its classes read out by their names' embeddings).

@@ -25,10 +25,15 @@ from shards.tokenizer import bert_source_dir
 from .config import GroundingConfig, PretrainConfig, build_model_config
 from .engine import add_run_arguments, entry_point, run_overrides, to_device
 
+# the detector vocabulary's groups and the model config fields their names fill
+REGION_WORD_GROUPS = {"classes": "region_class_words", "attributes": "region_attribute_words",
+                      "sizes": "region_size_words"}
 
-def region_word_updates(path: str, tokenizer) -> dict:
+
+def region_word_updates(path: str, tokenizer, groups=tuple(REGION_WORD_GROUPS)) -> dict:
     """Model config updates from a detector vocabulary file: {"classes": [names by class id], "attributes":
-    [names by attribute index]} -> word-piece ids per name (and fast_rcnn.num_attributes)."""
+    [names by attribute index], "sizes": [names by size index]} -> word-piece ids per name (and
+    fast_rcnn.num_attributes / num_sizes)."""
     try:
         vocab = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -37,10 +42,13 @@ def region_word_updates(path: str, tokenizer) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"region_words: {path} is not JSON: {e}") from None
     if not isinstance(vocab, dict) or not isinstance(vocab.get("classes"), list):
-        raise ValueError(f"region_words: {path} needs a 'classes' list (and optionally 'attributes')")
+        raise ValueError(f"region_words: {path} needs a 'classes' list (and optionally 'attributes', 'sizes')")
+    unknown = sorted(set(groups) - set(REGION_WORD_GROUPS))
+    if unknown:
+        raise ValueError(f"region_word_groups: {unknown} are not among {list(REGION_WORD_GROUPS)}")
     out: dict = {}
-    for key, field_name in (("classes", "region_class_words"), ("attributes", "region_attribute_words")):
-        names = vocab.get(key) or []
+    for key, field_name in REGION_WORD_GROUPS.items():
+        names = (vocab.get(key) or []) if key in groups else []
         if not names:
             continue
         ids = []
@@ -50,8 +58,9 @@ def region_word_updates(path: str, tokenizer) -> dict:
                 raise ValueError(f"region_words: {path}: {key}[{i}] = {name!r} has no word-pieces")
             ids.append(pieces)
         out[field_name] = ids
-    if "region_attribute_words" in out:
-        out["fast_rcnn"] = {"num_attributes": len(out["region_attribute_words"])}
+    for field_name, count in (("region_attribute_words", "num_attributes"), ("region_size_words", "num_sizes")):
+        if field_name in out:
+            out.setdefault("fast_rcnn", {})[count] = len(out[field_name])
     return out
 
 
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.data.tokenizer = tokenizer_dir
     tokenizer = load_tokenizer(tokenizer_dir)
     if cfg.region_words:
-        cfg.model = deep_merge(cfg.model, region_word_updates(cfg.region_words, tokenizer))
+        cfg.model = deep_merge(cfg.model, region_word_updates(cfg.region_words, tokenizer, cfg.region_word_groups))
     model_cfg = build_model_config(cfg)
     model = VLBertForPretraining(model_cfg)
     if cfg.mlm_head_init not in ("random", "readout"):
@@ -130,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                             pixel_mean=model_cfg.fast_rcnn.pixel_mean,
                             # class 0 is the background: no caption word names it
                             region_word_ids=[name[0] for name in (model_cfg.region_class_words or [])[1:]
-                                             + (model_cfg.region_attribute_words or [])])
+                                             + (model_cfg.region_attribute_words or [])
+                                             + (model_cfg.region_size_words or [])])
     loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
     module = VLBertPretraining(model, cfg.losses)
     evaluate = None
@@ -224,8 +234,9 @@ def final_drift(engine, detector_config: str, run_dir: Path) -> None:
         result = drift(state, load_config(DetectorConfig, detector_config), engine.device)
         (run_dir / "detector_drift.json").write_text(json.dumps(result, indent=1))
         after, before = result["after"], result["warm_up"] or {}
-        engine.write_scalars({f"detector/{k}": after[k] for k in ("object_accuracy", "attribute_accuracy")
-                              if after.get(k) is not None}, "eval.jsonl")
+        engine.write_scalars({f"detector/{k}": after[k] for k in ("object_accuracy", "attribute_accuracy",
+                                                                   "size_accuracy") if after.get(k) is not None},
+                             "eval.jsonl")
 
         def fmt(key):
             was = before.get(key)
@@ -233,7 +244,8 @@ def final_drift(engine, detector_config: str, run_dir: Path) -> None:
 
         print(f"\ndetector drift on {after['regions']} held-out boxes: object accuracy {fmt('object_accuracy')}"
               + (f", attribute accuracy {fmt('attribute_accuracy')}" if after.get("attribute_accuracy") is not None
-                 else ""), flush=True)
+                 else "") + (f", size accuracy {fmt('size_accuracy')}" if after.get("size_accuracy") is not None
+                             else ""), flush=True)
     torch.distributed.barrier()
 
 

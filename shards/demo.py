@@ -209,7 +209,8 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
             _write_vqg_split(raw, seed, n_images, n_val)
         if not (raw / "refcoco+" / "instances.json").exists():
             demo_tasks.write_all(raw, seed)
-        if not (raw / "detection" / "instances_val.json").exists():
+        detection = raw / "detection" / "instances_val.json"
+        if not detection.exists() or "sizes" not in json.loads(detection.read_text()):  # built before sizes
             demo_tasks.write_detection(raw)
         print(f"demo corpus already built under {out} (pass --force to rebuild)", file=sys.stderr)
         return out

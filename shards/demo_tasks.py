@@ -267,13 +267,16 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
 # --- detector warm-up -------------------------------------------------------------------------------------
 
 def write_detection(raw: Path) -> Path:
-    """COCO instances with attributes for the corpus' train and val images. An object under the grey
-    cloth is left out: its category cannot be seen, and a detector taught to name it would hallucinate."""
+    """COCO instances with colour attributes and sizes for the corpus' train and val images. An object under
+    the grey cloth is left out: its category cannot be seen, and a detector taught to name it would
+    hallucinate."""
     out = raw / "detection"
     out.mkdir(parents=True, exist_ok=True)
     categories = [{"id": k, "name": c, "supercategory": "shape"} for k, c in enumerate(sw.CATEGORIES, 1)]
     attributes = [{"id": k, "name": c} for k, c in enumerate(sw.COLOURS, 1)]
     colour_id = {a["name"]: a["id"] for a in attributes}
+    sizes = [{"id": k, "name": c} for k, c in enumerate(sw.SIZES, 1)]
+    size_id = {a["name"]: a["id"] for a in sizes}
     splits = {"train": ([], []), "val": ([], [])}
     for index, image, world, is_val in _scenes(raw):
         images, annotations = splits["val" if is_val else "train"]
@@ -283,11 +286,12 @@ def write_detection(raw: Path) -> Path:
                 continue
             x1, y1, x2, y2 = o.box
             annotations.append({"id": index * 100 + k, "image_id": index, "category_id": o.class_id,
-                                "attribute_ids": [colour_id[o.colour]], "iscrowd": 0,
+                                "attribute_ids": [colour_id[o.colour]], "size_id": size_id[o.size], "iscrowd": 0,
                                 "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)})
     for split, (images, annotations) in splits.items():
         (out / f"instances_{split}.json").write_text(json.dumps({
-            "images": images, "annotations": annotations, "categories": categories, "attributes": attributes}))
+            "images": images, "annotations": annotations, "categories": categories, "attributes": attributes,
+            "sizes": sizes}))
     return out
 
 

@@ -517,6 +517,54 @@ def test_region_word_embeddings_by_hand(tiny_cfg):
     assert torch.allclose(out_a.last_hidden_state[1], out_b.last_hidden_state[1], atol=1e-5)
 
 
+def test_region_size_words_by_hand(tiny_cfg):
+    """Each unmasked region's token gains sum_s r_s E[size name s], r the softmax of the Fast R-CNN's size head
+    on the box's scale features (its width and height over the image's); the size follows the boxes, not the
+    pixels, so an appearance edited away (the ablation) keeps it."""
+    sizes = [[30], [31]]
+    cfg = model_config("tiny", updates={"region_size_words": sizes, "fast_rcnn": {"num_sizes": 2}})
+    torch.manual_seed(0)
+    with_sizes = VLBertForPretraining(cfg).eval()
+    torch.manual_seed(0)
+    plain = VLBertForPretraining(tiny_cfg).eval()
+    # the size head is drawn on a forked generator: every other weight is what it is without it
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, with_sizes.state_dict()[k]), k
+    batch = make_batch()
+    masked = torch.tensor([[False, True, False, False], [False, False, False, False]])
+    seen = {}
+    hooks = [m.vl_bert.embeddings.LayerNorm.register_forward_pre_hook(
+        lambda module, args, name=name: seen.__setitem__(name, args[0].detach()))
+        for name, m in (("sizes", with_sizes), ("plain", plain))]
+    with torch.no_grad():
+        run(with_sizes, batch, masked_regions=masked)
+        run(plain, batch, masked_regions=masked)
+        h, w = batch["image_sizes"][:, :1].unsqueeze(-1), batch["image_sizes"][:, 1:].unsqueeze(-1)
+        wh = torch.stack([(batch["boxes"][..., 2] - batch["boxes"][..., 0]) / w.squeeze(-1),
+                          (batch["boxes"][..., 3] - batch["boxes"][..., 1]) / h.squeeze(-1)], -1).clamp(min=1e-4)
+        r = with_sizes.vl_bert.fast_rcnn.size_classifier(torch.cat([wh, wh.log()], -1)).softmax(-1)
+        emb = with_sizes.vl_bert.embeddings.word_embeddings.weight
+        expected = r @ emb[[30, 31]]  # [B, N, hidden]
+    for hook in hooks:
+        hook.remove()
+    t = batch["input_ids"].shape[1]
+    gained = seen["sizes"] - seen["plain"]
+    assert torch.equal(gained[:, :t + 1], torch.zeros_like(gained[:, :t + 1]))  # words, whole image: nothing
+    regions = gained[:, t + 1: -1]
+    for b, n in [(0, 0), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]:
+        torch.testing.assert_close(regions[b, n], expected[b, n], atol=1e-5, rtol=1e-5)
+    assert torch.equal(regions[0, 1], torch.zeros_like(regions[0, 1]))  # masked: the RoI-[MASK] token alone
+    # from the boxes: the same with every appearance replaced (the cross-modal ablation's fill)
+    with torch.no_grad():
+        appearance, normalised, _ = with_sizes.vl_bert.region_features(
+            images=batch["images"], image_sizes=batch["image_sizes"], boxes=batch["boxes"], box_mask=batch["box_mask"])
+        terms = with_sizes.vl_bert.embeddings.region_word_terms(
+            None, None, with_sizes.vl_bert.fast_rcnn.size_logits(normalised))
+        torch.testing.assert_close(terms[0][:, 1:], expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="names 2 sizes, fast_rcnn.num_sizes is 0"):
+        VLBert(model_config("tiny", updates={"region_size_words": sizes}))
+
+
 def test_region_words_are_checked_against_the_detector(tiny_cfg):
     with pytest.raises(ValueError, match="names 2 classes, fast_rcnn.num_classes is 9"):
         VLBert(model_config("tiny", updates={"region_class_words": [[8], [9]]}))

@@ -10,17 +10,20 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from model.boxes import scale_features
 from model.config import FastRCNNConfig, load_config
-from model.fast_rcnn import FastRCNN
-from pretrain.detector import BoxSet, DetectorConfig, DetectorWarmup, drift, evaluate, export_state
+from model.fast_rcnn import FastRCNN, size_classifier
+from pretrain.detector import (BoxSet, DetectorConfig, DetectorWarmup, drift, evaluate, export_state,
+                               fit_size_classifier)
 from shards.coco import CocoFormatError, read_instances, read_vocabularies
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = FastRCNNConfig(backbone="resnet18", num_classes=3, freeze_stem=False, freeze_res2=False, roi_output_size=4)
 
 
-def write_coco(tmp_path: Path, annotations: list[dict]) -> Path:
-    """Two 64x64 images: a red square (category 1) and a blue circle (category 2)."""
+def write_coco(tmp_path: Path, annotations: list[dict], sizes: bool = False) -> Path:
+    """Two 64x64 images: a red square (category 1) and a blue circle (category 2); with `sizes`, a size
+    vocabulary (small, big)."""
     for name, colour in (("a.jpg", "red"), ("b.jpg", "blue")):
         im = Image.new("RGB", (64, 64), "white")
         ImageDraw.Draw(im).rectangle([8, 8, 40, 40], fill=colour)
@@ -31,7 +34,8 @@ def write_coco(tmp_path: Path, annotations: list[dict]) -> Path:
                    {"id": 2, "file_name": "b.jpg", "width": 64, "height": 64}],
         "annotations": annotations,
         "categories": [{"id": 1, "name": "square"}, {"id": 2, "name": "circle"}],
-        "attributes": [{"id": 1, "name": "red"}, {"id": 2, "name": "blue"}, {"id": 3, "name": "large"}]}))
+        "attributes": [{"id": 1, "name": "red"}, {"id": 2, "name": "blue"}, {"id": 3, "name": "large"}],
+        **({"sizes": [{"id": 1, "name": "small"}, {"id": 2, "name": "big"}]} if sizes else {})}))
     return path
 
 
@@ -44,9 +48,12 @@ def test_coco_reader_keeps_attributes_and_crowd(tmp_path):
     path = write_coco(tmp_path, ANNS)
     images, anns, by_image = read_instances(path)
     assert anns[10] == {"image_id": 1, "box": [8.0, 8.0, 40.0, 40.0], "category_id": 1, "attribute_ids": [1, 3],
-                        "iscrowd": 0}
+                        "size_id": 0, "iscrowd": 0}
     assert anns[11]["iscrowd"] == 1 and by_image == {1: [10, 11], 2: [20]}
-    assert read_vocabularies(path) == ({1: "square", 2: "circle"}, {1: "red", 2: "blue", 3: "large"})
+    assert read_vocabularies(path) == ({1: "square", 2: "circle"}, {1: "red", 2: "blue", 3: "large"}, {})
+    sized = write_coco(tmp_path, [dict(ANNS[0], size_id=2)], sizes=True)
+    assert read_instances(sized)[1][10]["size_id"] == 2
+    assert read_vocabularies(sized)[2] == {1: "small", 2: "big"}
     bad = dict(ANNS[0], bbox=[1, 2])
     with pytest.raises(CocoFormatError, match=r"annotations\[0\]"):
         read_instances(write_coco(tmp_path, [bad]))
@@ -64,6 +71,44 @@ def test_box_set_labels_multi_hot_and_skips(tmp_path):
         BoxSet(str(write_coco(tmp_path, ANNS)), cfg, num_classes=2, num_attributes=3)
     with pytest.raises(ValueError, match=r"annotation 10: attribute_ids \[3\]"):
         BoxSet(str(write_coco(tmp_path, ANNS)), cfg, num_classes=3, num_attributes=2)
+    # sizes: 1-based ids in the file, 0-based targets in the batch, -1 for none; boxes normalised by the
+    # original image's size (64 px) whatever the resize
+    sized = [dict(ANNS[0], size_id=2), dict(ANNS[2], bbox=[0, 16, 16, 32])]
+    data = BoxSet(str(write_coco(tmp_path, sized, sizes=True)), cfg, num_classes=3, num_attributes=3, num_sizes=2)
+    assert data.batch([0, 1])["sizes"].tolist() == [[1], [-1]]
+    boxes, sizes = data.size_annotations()
+    assert boxes.tolist() == [[0.125, 0.125, 0.625, 0.625]] and sizes.tolist() == [1]
+    with pytest.raises(ValueError, match="annotation 10: size_id 2 is not among the file's 1 sizes"):
+        BoxSet(str(write_coco(tmp_path, sized, sizes=True)), cfg, num_classes=3, num_attributes=3, num_sizes=1)
+
+
+def test_size_head_fit_separates_sizes_by_the_larger_side():
+    """Sizes as the demo defines them (the larger normalised side in three intervals, any image aspect):
+    fitted on one draw of boxes, the head names every box of another draw; the fit's standardisation is
+    folded into the head, which reads raw scale features."""
+    def draw(seed, n=600):
+        g = torch.Generator().manual_seed(seed)
+        sizes = torch.randint(0, 3, (n,), generator=g)
+        lo, hi = torch.tensor([0.13, 0.23, 0.36])[sizes], torch.tensor([0.19, 0.30, 0.45])[sizes]
+        side = lo + (hi - lo) * torch.rand(n, generator=g)  # over the shorter image side
+        aspect = 1 + torch.rand(n, generator=g)  # longer over shorter image side
+        wide = torch.rand(n, generator=g) < 0.5
+        w = torch.where(wide, side / aspect, side)  # a square object: its normalised width and height
+        h = torch.where(wide, side, side / aspect)
+        x, y = (1 - w) * torch.rand(n, generator=g), (1 - h) * torch.rand(n, generator=g)
+        return torch.stack([x, y, x + w, y + h], -1), sizes
+
+    head = size_classifier(3)
+    boxes, sizes = draw(0)
+    assert fit_size_classifier(head, boxes, sizes) == 1.0
+    held_boxes, held_sizes = draw(1)
+    with torch.no_grad():
+        assert (head(scale_features(held_boxes)).argmax(-1) == held_sizes).float().mean() >= 0.99
+    again = size_classifier(3)
+    fit_size_classifier(again, boxes, sizes)  # seeded: the same boxes give the same head
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), again.state_dict().values()))
+    with pytest.raises(ValueError, match="no sized box"):
+        fit_size_classifier(head, boxes[:0], sizes[:0])
 
 
 def test_warmup_learns_and_exports_loadable_weights(tmp_path):
@@ -107,14 +152,25 @@ def test_evaluate_counts_by_hand(tmp_path, monkeypatch):
     # "large" is one of a's. image b: says square (wrong); top attribute "red" is not b's.
     cls = torch.tensor([[[9.0, 2.0, 1.0]], [[0.0, 3.0, 1.0]]])
     att = torch.tensor([[[0.0, 0.0, 5.0]], [[5.0, 0.0, 0.0]]])
-    monkeypatch.setattr(module, "logits", lambda batch: (cls[: len(batch["labels"])], att[: len(batch["labels"])]))
+    monkeypatch.setattr(module, "logits", lambda batch: (cls[: len(batch["labels"])], att[: len(batch["labels"])],
+                                                         None))
     m = evaluate(module, data, batch_size=2, device="cpu")
     assert m["regions"] == 2 and m["object_accuracy"] == 0.5 and m["attribute_accuracy"] == 0.5
     assert m["object_majority_baseline"] == 0.5 and m["attribute_majority_baseline"] == 0.5
+    assert "size_accuracy" not in m
+    # sizes: a's box is "big" (index 1) and scored so; b has none and is not counted
+    sized = [dict(ANNS[0], size_id=2), ANNS[2]]
+    data = BoxSet(str(write_coco(tmp_path, sized, sizes=True)), cfg, num_classes=3, num_attributes=3, num_sizes=2)
+    module.num_sizes = 2
+    size = torch.tensor([[[0.0, 1.0]], [[1.0, 0.0]]])
+    monkeypatch.setattr(module, "logits", lambda batch: (cls, att, size))
+    m = evaluate(module, data, batch_size=2, device="cpu")
+    assert m["size_regions"] == 1 and m["size_accuracy"] == 1.0 and m["size_majority_baseline"] == 1.0
 
 
 def test_command_line_writes_weights_and_val_metrics(tmp_path):
-    path = write_coco(tmp_path, [a for a in ANNS if not a.get("iscrowd")])
+    sizes = {10: 2, 20: 1}  # a's square is big, b's small
+    path = write_coco(tmp_path, [dict(a, size_id=sizes[a["id"]]) for a in ANNS if not a.get("iscrowd")], sizes=True)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
@@ -127,10 +183,19 @@ def test_command_line_writes_weights_and_val_metrics(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((run / "metrics_val.json").read_text())
     assert metrics["regions"] == 2 and metrics["attribute_regions"] == 2
+    # the two boxes are the same: one of the two sizes is right, and the head's fit says which it learnt
+    assert metrics["size_regions"] == 2 and metrics["size_accuracy"] == 0.5 == metrics["size_majority_baseline"]
     FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(run / "fast_rcnn.pt")}))  # loads (ZeRO-2 export)
+    # the size head travels with the weights (fitted after the CNN's steps), and loads by its width only
+    sized = FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(run / "fast_rcnn.pt"), "num_sizes": 2}))
+    assert torch.equal(sized.size_classifier[2].weight,
+                       torch.load(run / "fast_rcnn.pt", weights_only=True)["size_classifier.2.weight"])
+    with pytest.raises(ValueError, match="has 2 sizes, fast_rcnn.num_sizes is 3"):
+        FastRCNN(FastRCNNConfig(**{**TINY.__dict__, "weights": str(run / "fast_rcnn.pt"), "num_sizes": 3}))
     # the vocabulary beside the weights names the classifiers' outputs in order (pretraining's region_words)
     assert json.loads((run / "fast_rcnn.vocab.json").read_text()) == {
-        "classes": ["__background__", "square", "circle"], "attributes": ["red", "blue", "large"]}
+        "classes": ["__background__", "square", "circle"], "attributes": ["red", "blue", "large"],
+        "sizes": ["small", "big"]}
     # detector drift: the warm-up's exported weights, loaded as frozen batch norm as pretraining loads them,
     # give back the figures the warm-up measured on its own batch-norm module
     cfg = load_config(DetectorConfig, None, cmd[3:6] + [f"engine.run_dir={run}", "fast_rcnn.backbone=resnet18",
@@ -139,5 +204,5 @@ def test_command_line_writes_weights_and_val_metrics(tmp_path):
     state = {k: v for k, v in torch.load(run / "fast_rcnn.pt", weights_only=True).items()
              if not k.endswith("num_batches_tracked")}
     result = drift(state, cfg)
-    for key in ("object_accuracy", "attribute_accuracy", "regions"):
+    for key in ("object_accuracy", "attribute_accuracy", "size_accuracy", "regions"):
         assert result["after"][key] == metrics[key] == result["warm_up"][key]

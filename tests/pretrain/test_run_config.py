@@ -18,6 +18,16 @@ def test_region_word_updates_tokenize_names_in_order(tmp_path):
     assert out["region_class_words"] == [[ids("background")], [ids("circle")], ids(["he", "##xa", "##gon"])]
     assert out["region_attribute_words"] == [[ids("red")], [ids("blue")]]
     assert out["fast_rcnn"] == {"num_attributes": 2}
+    # sizes, and the groups a config keeps
+    path.write_text(json.dumps({"classes": ["__background__", "circle"], "attributes": ["red"],
+                                "sizes": ["small", "large"]}))
+    out = region_word_updates(str(path), tok)
+    assert out["region_size_words"] == [[ids("small")], [ids("large")]]
+    assert out["fast_rcnn"] == {"num_attributes": 1, "num_sizes": 2}
+    out = region_word_updates(str(path), tok, ["classes", "attributes"])
+    assert "region_size_words" not in out and out["fast_rcnn"] == {"num_attributes": 1}
+    with pytest.raises(ValueError, match=r"region_word_groups: \['colours'\]"):
+        region_word_updates(str(path), tok, ["classes", "colours"])
     path.write_text(json.dumps({"classes": ["a"]}))
     assert set(region_word_updates(str(path), tok)) == {"region_class_words"}
     path.write_text(json.dumps({"attributes": ["red"]}))
