@@ -177,10 +177,12 @@ class RegionFeatureCache:
                     canvases.setdefault((h, w), []).append(r)
                 for (h, w), group in canvases.items():
                     pick = torch.tensor(group)
+                    masks = batch.get("region_masks")  # VCR's instance masks: the same for every example of an image
                     appearance, boxes_norm, _ = vl_bert.region_features(
                         images=batch["images"][pick, :, :h, :w].to(device),
                         image_sizes=batch["image_sizes"][pick].to(device), boxes=batch["boxes"][pick].to(device),
-                        box_mask=batch["box_mask"][pick].to(device))
+                        box_mask=batch["box_mask"][pick].to(device),
+                        region_masks=None if masks is None else masks[pick].to(device))
                     for i, r in enumerate(group):
                         n = 1 + int(batch["box_mask"][r].sum())  # the whole image, then the image's boxes
                         self.features[keys[r]] = (appearance[i, :n].float().cpu(), boxes_norm[i, :n].float().cpu())

@@ -101,6 +101,44 @@ def words_of(tokens: list, objects: list[str]) -> list[tuple[str, int]]:
     return out
 
 
+def instance_mask(polygons: list, box, size: int = 14, boundary: bool = False) -> torch.Tensor:
+    """An object's segmentation (polygons of [x, y] vertices in image pixels) as a [size, size] mask in its
+    box's frame, as the official VCR dataset rasterises it (`common/utils/mask.py` generate_instance_mask with
+    skimage.draw.polygon): vertices scaled by size / (box side + 1) from the box's corner (float32) and clamped
+    to [0, size - 1]; a cell (r, c) is in when its integer point lies inside a polygon.
+
+    Which points on a polygon's boundary count changed with scikit-image 0.18 (its PR #5029, 2020): before,
+    the even-odd rule with edges half-open in y (pnpoly), which the released checkpoints were trained with
+    (2019, `boundary=False`); since, every point on an edge or a vertex counts (O'Rourke's test,
+    `boundary=True`). The box is the polygon's own bounding box, so the two differ along the mask's border.
+    All cells of a polygon at once, no loop over pixels."""
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    x1, y1, x2, y2 = (float(v) for v in box[:4])
+    w_ratio, h_ratio = size / (x2 - x1 + 1), size / (y2 - y1 + 1)
+    rows = torch.arange(size, dtype=torch.float64).view(size, 1, 1)
+    cols = torch.arange(size, dtype=torch.float64).view(1, size, 1)
+    for poly in polygons:
+        xy = torch.as_tensor(poly, dtype=torch.float32).reshape(-1, 2)
+        if len(xy) == 0:
+            continue
+        x = ((xy[:, 0] - x1) * w_ratio).clamp(0, size - 1).double()
+        y = ((xy[:, 1] - y1) * h_ratio).clamp(0, size - 1).double()
+        xj, yj = x.roll(1), y.roll(1)  # each edge (j, i), j = i - 1, the last vertex closing to the first
+        if not boundary:
+            crosses = ((y <= rows) & (rows < yj)) | ((yj <= rows) & (rows < y))  # [size, 1, V]
+            dy = torch.where(yj == y, torch.ones_like(y), yj - y)  # a level edge crosses nothing
+            mask |= (crosses & (cols < (xj - x) * (rows - y) / dy + x)).sum(-1) % 2 == 1
+            continue
+        x0, y0, x1r, y1r = x - cols, y - rows, xj - cols, yj - rows  # [size, size, V], relative to the point
+        vertex = ((x0.abs() < 1e-12) & (y0.abs() < 1e-12)).any(-1)
+        level = torch.where(y1r == y0, torch.ones_like(y0), y1r - y0)
+        at = (x0 * y1r - x1r * y0) / level  # where the edge meets the point's row, relative to the point
+        right = (((y0 > 0) != (y1r > 0)) & (at > 0)).sum(-1) % 2
+        left = (((y0 < 0) != (y1r < 0)) & (at < 0)).sum(-1) % 2
+        mask |= vertex | (right != left) | (right == 1)
+    return mask.float()
+
+
 def piece(tokenizer, words: list[tuple[str, int]], max_regions: int) -> tuple[list[int], list[int]]:
     """Word-pieces of the words and the region of each (references beyond max_regions: the whole image)."""
     if not words:
@@ -120,6 +158,14 @@ class VCRDataConfig:
     answer_from: str | None = None  # QA->R on a split without labels: a Q->A run's predictions_<split>.json
     max_a_tokens: int = 64
     max_b_tokens: int = 64
+    # each object's segmentation (the metadata's `segms` polygons) as a mask weighting its res5 map before the pool,
+    # as the official VCR model does (`region_masks`); mask_size = the res5 map's side (14 with a dilated res5
+    # on 14x14 RoIs, the official; 7 otherwise, or roi_output_size / 2)
+    segmentation_masks: bool = False
+    mask_size: int = 14
+    # cells on a polygon's edge count as the object's (scikit-image >= 0.18's rule) or by the even-odd rule (before:
+    # what the released checkpoints were trained with); see `instance_mask`
+    mask_edges_inside: bool = False
 
 
 @dataclass
@@ -130,6 +176,7 @@ class VCRConfig(FinetuneConfig):
     mrc_weight: float = 1.0  # masked RoI classification with linguistic clues; 0 = off
     mrc_probability: float = 0.15
     classifier_dropout: float = 0.1
+    head: str = "cls"  # the candidate score from [CLS]'s output state, or from the pooler ("pooler": the official's)
 
 
 class VCRSet:
@@ -182,7 +229,8 @@ class VCRSet:
     def __len__(self) -> int:
         return len(self.items)
 
-    def _metadata(self, item: dict) -> np.ndarray:
+    def _metadata(self, item: dict) -> tuple[np.ndarray, torch.Tensor | None]:
+        """The item's boxes [N, 4] and, with data.segmentation_masks, their instance masks [N, S, S]."""
         path = Path(self.cfg.data.images) / item["metadata_fn"]
         try:
             meta = json.loads(path.read_text())
@@ -191,16 +239,36 @@ class VCRSet:
             raise VCRFormatError(f"{item['where']}: metadata {path}: {type(e).__name__} {e}") from None
         if len(boxes) < len(item["classes"]):
             raise VCRFormatError(f"{item['where']}: {len(item['classes'])} objects but {len(boxes)} boxes in {path}")
-        return boxes[: self.cfg.image.max_regions]
+        boxes = boxes[: self.cfg.image.max_regions]
+        if not self.cfg.data.segmentation_masks:
+            return boxes, None
+        segms = meta.get("segms")
+        if not isinstance(segms, list) or len(segms) < len(boxes):
+            raise VCRFormatError(f"{item['where']}: metadata {path}: data.segmentation_masks needs a 'segms' list with "
+                                 f"one entry per box ({len(boxes)}), got {type(segms).__name__}")
+        try:
+            masks = torch.stack([instance_mask(segms[k], meta["boxes"][k], self.cfg.data.mask_size,
+                                               self.cfg.data.mask_edges_inside)
+                                 for k in range(len(boxes))]) if len(boxes) else \
+                torch.zeros(0, self.cfg.data.mask_size, self.cfg.data.mask_size)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise VCRFormatError(f"{item['where']}: metadata {path}: segms: {e}") from None
+        return boxes, masks
 
     def batch(self, indices: list[int], pixels: bool = True) -> dict:
         image_cfg = self.cfg.image
-        visual = [load_image(Path(self.cfg.data.images) / self.items[i]["img_fn"], self._metadata(self.items[i]),
-                             image_cfg, f"{self.items[i]['where']} ({self.items[i]['annot_id']})", pixels)
-                  for i in indices]
+        meta = [self._metadata(self.items[i]) for i in indices]
+        visual = [load_image(Path(self.cfg.data.images) / self.items[i]["img_fn"], boxes, image_cfg,
+                             f"{self.items[i]['where']} ({self.items[i]['annot_id']})", pixels)
+                  for i, (boxes, _) in zip(indices, meta)]
         out = collate_visual(visual)
         out["image_keys"] = [self.items[i]["img_fn"] for i in indices]
         n = out["boxes"].shape[1]
+        if self.cfg.data.segmentation_masks:  # in each box's frame: the resize leaves them as they are
+            size = self.cfg.data.mask_size
+            out["region_masks"] = torch.zeros(len(indices), n, size, size)
+            for r, (_, masks) in enumerate(meta):
+                out["region_masks"][r, : len(masks)] = masks
         a = [self.items[i]["a"] for i in indices for _ in range(4)]  # 4 sequences per question
         b = [c for i in indices for c in self.items[i]["b"]]
         out["a_ids"], out["a_mask"] = pad_lists([x[0] for x in a])
@@ -217,12 +285,17 @@ class VCRSet:
 # --- the model --------------------------------------------------------------------------------------------------
 
 class VCRModel(nn.Module):
+    """Scores each candidate from [CLS]'s output (`head: cls`) or from the pooler's tanh(W [CLS]) (`head:
+    pooler`, the official VCR classifier), and classifies masked regions (MRC, with the MRC head's transform)."""
+
     def __init__(self, vl_bert, num_object_classes: int, cfg: dict):
         super().__init__()
         h = vl_bert.cfg.hidden_size
         self.vl_bert, self.settings = vl_bert, cfg
+        if cfg.get("head", "cls") not in ("cls", "pooler"):
+            raise ValueError(f"head: '{cfg['head']}' is not cls or pooler")
         self.classifier = nn.Sequential(nn.Dropout(cfg["classifier_dropout"]), nn.Linear(h, 1))
-        self.roi_transform = BertPredictionHeadTransform(vl_bert.cfg)
+        self.roi_transform = BertPredictionHeadTransform(vl_bert.cfg, norm=vl_bert.cfg.mrc_head_norm)
         self.roi_classifier = nn.Linear(h, num_object_classes)
         for m in (self.classifier[1], self.roi_classifier):
             nn.init.normal_(m.weight, std=vl_bert.cfg.initializer_range)
@@ -241,12 +314,14 @@ class VCRModel(nn.Module):
         else:
             appearance, boxes_norm, _ = vl.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
                                                            boxes=batch["boxes"], box_mask=box_mask,
-                                                           masked_regions=masked_regions)
+                                                           masked_regions=masked_regions,
+                                                           region_masks=batch.get("region_masks"))
         rep = {k: batch[k].repeat_interleave(4, 0) for k in ("boxes", "box_mask")}
         out = encode(vl, {**batch, **rep}, visual_input=(appearance.repeat_interleave(4, 0),
                                                          boxes_norm.repeat_interleave(4, 0)),
                      masked_regions=masked_regions.repeat_interleave(4, 0))
-        scores = self.classifier(out.last_hidden_state[:, 0]).view(-1, 4)  # [B, 4]
+        first = out.pooled if self.settings.get("head", "cls") == "pooler" else out.last_hidden_state[:, 0]
+        scores = self.classifier(first).view(-1, 4)  # [B, 4]
         return scores, out
 
     def forward(self, batch: dict):
@@ -294,7 +369,7 @@ class VCRTask:
     @staticmethod
     def _settings(cfg: VCRConfig) -> dict:
         return {"subtask": cfg.subtask, "candidate_loss": cfg.candidate_loss, "mrc_weight": cfg.mrc_weight,
-                "mrc_probability": cfg.mrc_probability, "classifier_dropout": cfg.classifier_dropout}
+                "mrc_probability": cfg.mrc_probability, "classifier_dropout": cfg.classifier_dropout, "head": cfg.head}
 
     @staticmethod
     def build_module(pretrained, cfg: VCRConfig, train: VCRSet):

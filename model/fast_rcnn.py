@@ -17,6 +17,10 @@ Weights (`FastRCNNConfig.weights`), a local state dict, either:
 - our own export of this module (`backbone.*`, `box_head.*`, `object_classifier.*`, `attribute_classifier.*`,
   `size_classifier.*`).
 
+With `region_masks` (an instance mask per box, in the box's frame, as the official VCR model reads its
+objects' segmentations), each region's res5 map is multiplied by its mask before the average pool, so the
+feature describes the object and not the rest of its box.
+
 Beside the object (and attribute) classifiers on the region feature, an optional size classifier reads the
 box's geometry (`model.boxes.scale_features`): RoIAlign resamples every box to the same grid, so the
 region feature does not say how large the object is.
@@ -212,9 +216,12 @@ class FastRCNN(nn.Module):
         return x.masked_fill(hide.unsqueeze(1), 0.0)
 
     def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, boxes: torch.Tensor, box_mask: torch.Tensor,
-                masked_regions: torch.Tensor | None = None, class_logits: bool = False) -> dict[str, torch.Tensor]:
+                masked_regions: torch.Tensor | None = None, class_logits: bool = False,
+                region_masks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """images uint8 [B, 3, H, W]; image_sizes [B, 2] (h, w); boxes [B, N, 4] pixels; box_mask [B, N];
-        masked_regions [B, N] bool (pixels zeroed before the backbone).
+        masked_regions [B, N] bool (pixels zeroed before the backbone); region_masks [B, N, S, S] (S: res5's
+        output side, 7 for a 14x14 RoI, 14 with res5_dilation 2): each box's instance mask in its own frame,
+        weighting its res5 map before the pool (the whole-image element keeps all of its map).
 
         Returns appearance [B, 1+N, F] (element 0: the whole-image box), boxes [B, 1+N, 4] and, with
         `class_logits` (the detector warm-up; pretraining has no loss on them, so it does not pay for
@@ -239,7 +246,15 @@ class FastRCNN(nn.Module):
         crops = roi_align(features.float(), rois, self.cfg.roi_output_size, spatial_scale=1 / self.cfg.feature_stride,
                           sampling_ratio=self.cfg.roi_sampling_ratio, aligned=not inclusive
                           ).to(features.dtype)  # [B*(1+N), C4, 14, 14]
-        appearance = self.box_head(crops).mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
+        res5 = self.box_head(crops)  # [B*(1+N), F, S, S]
+        if region_masks is not None:
+            side = res5.shape[-1]
+            if tuple(region_masks.shape) != (b, n, side, side):
+                raise ValueError(f"region_masks {list(region_masks.shape)}: expected [{b}, {n}, {side}, {side}] "
+                                 f"(res5's output side is {side} here)")
+            whole = region_masks.new_ones(b, 1, side, side)
+            res5 = res5 * torch.cat([whole, region_masks], 1).reshape(-1, 1, side, side).to(res5.dtype)
+        appearance = res5.mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
         out = {"appearance": appearance, "boxes": all_boxes}
         if class_logits:
             out["class_logits"] = self.object_classifier(appearance)

@@ -30,10 +30,10 @@ model is told to compute the same (`official_config`):
 - the MVRC head is dense + GELU + classifier, without LayerNorm: `mrc_head_norm: false`.
 
 Checkpoints of precomputed features (IMAGE_FEAT_PRECOMPUTED, e.g. `vl-bert-base-prec.model`: no CNN, only
-`obj_downsample`) import as `region_input: features`. The VQA task checkpoints import with
-`python -m finetune.import_official` (its head is finetune's). Not supported (an error names them): the VCR
-and RefCOCO+ task heads, the relationship head,
-IMAGE_SEMANTIC class embeddings, frozen word embeddings with special rows, `visual_ln: false` scales.
+`obj_downsample`) import as `region_input: features`. The VQA, RefCOCO+ and VCR task checkpoints import with
+`python -m finetune.import_official` (their heads are finetune's). Not supported (an error names them): the
+relationship head, IMAGE_SEMANTIC class embeddings, frozen word embeddings with special rows, `visual_ln:
+false` scales.
 """
 
 from __future__ import annotations
@@ -192,10 +192,10 @@ def convert_official_state(state: dict[str, torch.Tensor], cfg: VLBertConfig,
             value = value.flip(1)  # BGR input channels -> RGB
         out[target] = value
     if unmapped:
-        task = " (a task head: VQA checkpoints import with `python -m finetune.import_official`)" \
-            if any(k.startswith("final_mlp.") for k in unmapped) else ""
-        raise ValueError(f"{len(unmapped)} official keys have no place in our model (the VCR/RefCOCO+ heads, the "
-                         f"relationship head and IMAGE_SEMANTIC are not supported){task}: {unmapped[:8]}")
+        task = " (a task head: VQA, RefCOCO+ and VCR checkpoints import with `python -m finetune.import_official`)" \
+            if any(k.startswith(("final_mlp.", "cnn_loss_reg.")) for k in unmapped) else ""
+        raise ValueError(f"{len(unmapped)} official keys have no place in our model (the relationship head and "
+                         f"IMAGE_SEMANTIC are not supported){task}: {unmapped[:8]}")
     for name in ("text", "object"):  # visual_size == hidden_size: the official model has no 1x1 there
         weight = f"{emb}visual_projection_{name}.weight"
         if weight not in out:

@@ -361,11 +361,12 @@ class VLBert(nn.Module):
     # -- the visual input ----------------------------------------------------------------------------
 
     def region_features(self, *, images=None, image_sizes=None, boxes=None, box_mask=None, masked_regions=None,
-                        region_features=None, image_hw=None, class_logits: bool = False):
+                        region_features=None, image_hw=None, class_logits: bool = False, region_masks=None):
         """Appearance [B, 1+N, F], normalised boxes [B, 1+N, 4] and object logits, from pixels (end to
         end) or from precomputed [B, N, F] features. Element 0 is the whole image: in precomputed mode
         its appearance is the mean of the unmasked regions' features, and masked regions are zeroed.
-        images / region_features may hold B/K rows for B rows of boxes: rows k*(B/K) + i share image i."""
+        images / region_features may hold B/K rows for B rows of boxes: rows k*(B/K) + i share image i.
+        region_masks [B, N, S, S]: instance masks weighting each region's res5 map (`FastRCNN.forward`)."""
         if masked_regions is None:
             masked_regions = torch.zeros_like(box_mask)
         rows = (images if region_features is None else region_features).shape[0]
@@ -380,18 +381,21 @@ class VLBert(nn.Module):
             appearance, boxes_norm, logits = self.region_features(
                 images=images, image_sizes=image_sizes, boxes=boxes[:rows], box_mask=box_mask[:rows],
                 masked_regions=masked_regions[:rows], region_features=region_features, image_hw=image_hw,
-                class_logits=class_logits)
+                class_logits=class_logits, region_masks=None if region_masks is None else region_masks[:rows])
             return (appearance.repeat(views, 1, 1), boxes_norm.repeat(views, 1, 1),
                     None if logits is None else logits.repeat(views, 1, 1))
         if region_features is None:
             if self.fast_rcnn is None:
                 raise ValueError("this VLBert has no Fast R-CNN: pass region_features (precomputed mode)")
-            out = self.fast_rcnn(images, image_sizes, boxes, box_mask, masked_regions, class_logits=class_logits)
+            out = self.fast_rcnn(images, image_sizes, boxes, box_mask, masked_regions, class_logits=class_logits,
+                                 region_masks=region_masks)
             hw = image_sizes
             appearance, all_boxes, logits = out["appearance"], out["boxes"], out.get("class_logits")
         else:
             if image_hw is None:
                 raise ValueError("precomputed region features need image_hw [B, 2] to normalise the boxes")
+            if region_masks is not None:
+                raise ValueError("region_masks weight the Fast R-CNN's res5 maps: precomputed features have none")
             if region_features.shape[-1] != self.cfg.precomputed_feature_size:
                 raise ValueError(f"region features are {region_features.shape[-1]}-d, the model's "
                                  f"precomputed_feature_size is {self.cfg.precomputed_feature_size}")

@@ -5,8 +5,10 @@ whose answer logits equal a hand-written reference of the official forward (`vqa
 box 0 with the boxes' mean feature as `vqa/data/datasets/vqa.py` adds it, `final_mlp` of CLASSIFIER_TYPE
 'mlm' at the [MASK]) to 1e-5. The same for RefCOCO+ end to end (`refcoco/modules/resnet_vlbert_for_refcoco.py`:
 `[CLS] expression [SEP]`, every word with the whole image's obj_rep, `final_mlp` = MVRC transform + linear on
-each region's output), reusing the pretraining import's reference of the official Fast R-CNN. The directories
-written load as finetuned models."""
+each region's output), reusing the pretraining import's reference of the official Fast R-CNN. And for VCR
+(`vcr/modules/resnet_vlbert_for_vcr.py`: TimeDistributed over the 4 candidates, each region's res5 map times its
+14x14 segmentation before the pool, words naming an object with its obj_rep, the others with the whole
+image's, `final_mlp` "1fc" on the pooler's output). The directories written load as finetuned models."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from finetune.common import load_task_model
-from finetune.import_official import import_official_task, load_official_task
+from finetune.import_official import VCR_CATEGORIES, import_official_task, load_official_task
 from finetune.refcoco import RefTask
+from finetune.vcr import VCRTask
 from finetune.vqa import VQATask
 from tests.model.test_import_official import (
     HEADS,
@@ -150,18 +153,25 @@ def test_official_vqa_errors_name_what_is_wrong(tmp_path):
         load_official_task(save(tmp_path, body), "vqa", answers_file(tmp_path), num_attention_heads=HEADS)
     with pytest.raises(ValueError, match="needs its answer vocabulary"):
         load_official_task(save(tmp_path, sd), "vqa", num_attention_heads=HEADS)
-    with pytest.raises(ValueError, match="'vcr' is not one of"):
-        load_official_task(save(tmp_path, sd), "vcr", num_attention_heads=HEADS)
+    with pytest.raises(ValueError, match="'gqa' is not one of"):
+        load_official_task(save(tmp_path, sd), "gqa", num_attention_heads=HEADS)
 
 
 # --- RefCOCO+ -------------------------------------------------------------------------------------------------
 
-def official_refcoco_state(seed: int = 4) -> dict[str, torch.Tensor]:
+def official_task_body(seed: int) -> tuple[dict[str, torch.Tensor], torch.Generator]:
+    """An end-to-end task checkpoint's body (no pretraining heads, no mask or text-only embeddings), words up to
+    BERT's special ids, and the generator to draw its head from."""
     g = torch.Generator().manual_seed(seed)
     body = {k.removeprefix("module."): v for k, v in official_state(H, seed).items()}
     drop = ("vlbert.mlm_head.", "vlbert.mvrc_head.", "object_mask_word_embedding.", "aux_text_visual_embedding.")
     sd = {k: v for k, v in body.items() if not k.startswith(drop)}
     sd["vlbert.word_embeddings.weight"] = torch.randn(VOCAB, H, generator=g) * 0.5
+    return sd, g
+
+
+def official_refcoco_state(seed: int = 4) -> dict[str, torch.Tensor]:
+    sd, g = official_task_body(seed)
     sd["final_mlp.0.dense.weight"] = torch.randn(H, H, generator=g) * 0.2
     sd["final_mlp.0.dense.bias"] = torch.randn(H, generator=g) * 0.1
     sd["final_mlp.2.weight"] = torch.randn(1, H, generator=g) * 0.3
@@ -221,3 +231,106 @@ def test_refcoco_mvrc_head_starts_from_the_pretrained_mrc_transform():
     assert [type(m) for m in rebuilt.scorer] == [type(m) for m in model.scorer]
     with pytest.raises(ValueError, match="head: 'x' is not mlp or mvrc"):
         RefTask.build_module(pretrained, RefConfig(head="x"), None)
+
+
+# --- VCR ------------------------------------------------------------------------------------------------------
+
+def official_vcr_state(seed: int = 6) -> dict[str, torch.Tensor]:
+    """The official VCR module's names: the body under TimeDistributed (`vlbert._module.`) with its pooler, one
+    object linguistic embedding, final_mlp "1fc" (Dropout, Linear to 1), cnn_loss_reg (MVRC transform, Dropout,
+    Linear over the 81 classes)."""
+    sd, g = official_task_body(seed)
+    sd["vlbert.pooler.dense.weight"] = torch.randn(H, H, generator=g) * 0.3
+    sd["vlbert.pooler.dense.bias"] = torch.randn(H, generator=g) * 0.1
+    sd["final_mlp.1.weight"] = torch.randn(1, H, generator=g) * 0.5
+    sd["final_mlp.1.bias"] = torch.randn(1, generator=g) * 0.1
+    sd["cnn_loss_reg.0.dense.weight"] = torch.randn(H, H, generator=g) * 0.2
+    sd["cnn_loss_reg.0.dense.bias"] = torch.randn(H, generator=g) * 0.1
+    sd["cnn_loss_reg.2.weight"] = torch.randn(len(VCR_CATEGORIES), H, generator=g) * 0.2
+    sd["cnn_loss_reg.2.bias"] = torch.randn(len(VCR_CATEGORIES), generator=g) * 0.1
+    return {"module." + ("vlbert._module." + k.removeprefix("vlbert.") if k.startswith("vlbert.") else k): v
+            for k, v in sd.items()}
+
+
+# two questions on the two images of `batch()`: word ids, and the object each word names (-1: none)
+VCR_QUESTIONS = [([7, 30, 44, 9], [-1, 0, -1, 2]), ([12, 50, 3], [1, -1, -1])]
+VCR_ANSWERS = [[([20, 21], [-1, 1]), ([22], [-1]), ([23, 24, 25], [0, -1, 2]), ([26], [1])],
+               [([27, 28], [0, -1]), ([29], [1]), ([31, 32], [-1, -1]), ([33, 34, 35], [-1, 0, 1])]]
+
+
+def vcr_batch(seed=8):
+    sizes, images, boxes, box_mask, _, _, _ = batch()
+    g = torch.Generator().manual_seed(seed)
+    segms = (torch.rand(2, 3, 14, 14, generator=g) < 0.6).float() * box_mask[:, :, None, None]
+
+    def pad(rows, fill):
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [fill] * (width - len(r)) for r in rows]), \
+            torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+
+    questions = [q for q in VCR_QUESTIONS for _ in range(4)]  # 4 sequences per question, as VCRSet.batch
+    answers = [a for per_question in VCR_ANSWERS for a in per_question]
+    a_ids, a_mask = pad([q[0] for q in questions], 0)
+    b_ids, b_mask = pad([a[0] for a in answers], 0)
+    return {"a_ids": a_ids, "a_mask": a_mask, "a_region": pad([q[1] for q in questions], -1)[0],
+            "b_ids": b_ids, "b_mask": b_mask, "b_region": pad([a[1] for a in answers], -1)[0],
+            "images": images, "image_sizes": torch.tensor(sizes), "boxes": boxes, "box_mask": box_mask,
+            "region_masks": segms}, sizes, segms
+
+
+def official_vcr_logits(sd, images, sizes, boxes, box_mask, segms):
+    """[2, 4]: prepare_text_from_qa's `[CLS] q [SEP] a [SEP]` (segment 1 from the answer through its [SEP]),
+    text_tags 0 (the whole image, box 0) for words naming nothing and for [CLS]/[SEP], object o's tag o + 1;
+    the 1 + N objects with the one object linguistic embedding; final_mlp on tanh(pooler(h[CLS]))."""
+    reps = official_obj_reps(sd, images, sizes, boxes, torch.zeros_like(box_mask), segms)
+    out = torch.zeros(2, 4, dtype=torch.float64)
+    for b, (q, q_tags) in enumerate(VCR_QUESTIONS):
+        n = int(box_mask[b].sum())
+        for k, (a, a_tags) in enumerate(VCR_ANSWERS[b]):
+            ids = torch.tensor([CLS, *q, SEP, *a, SEP])
+            tags = torch.tensor([0, *[t + 1 for t in q_tags], 0, *[t + 1 for t in a_tags], 0])
+            types = torch.tensor([0] * (len(q) + 2) + [1] * (len(a) + 1))
+            hidden = official_sequence(sd, ids, reps[b][tags], reps[b][: n + 1],
+                                       torch.zeros(n + 1, dtype=torch.bool), text_types=types)
+            pooled = torch.tanh(hidden[0] @ sd["vlbert.pooler.dense.weight"].double().T
+                                + sd["vlbert.pooler.dense.bias"].double())
+            out[b, k] = (pooled @ sd["final_mlp.1.weight"].double().T + sd["final_mlp.1.bias"].double())[0]
+    return out
+
+
+def test_official_vcr_matches_official_forward(tmp_path):
+    sd = official_vcr_state()
+    model, answers, untouched = load_official_task(save(tmp_path, sd), "vcr", num_attention_heads=HEADS)
+    assert answers is None and model.settings["head"] == "pooler" and model.settings["candidate_loss"] == "sigmoid"
+    model = model.double().eval()
+    ours_batch, sizes, segms = vcr_batch()
+    clean = {("vlbert." + k.removeprefix("module.vlbert._module.") if k.startswith("module.vlbert._module.")
+              else k.removeprefix("module.")): v for k, v in sd.items()}
+    with torch.no_grad():
+        ours, _ = model.run(ours_batch)
+        ref = official_vcr_logits(clean, ours_batch["images"], sizes, ours_batch["boxes"], ours_batch["box_mask"],
+                                  segms)
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+        # the masks count: without them the scores move
+        unmasked, _ = model.run({k: v for k, v in ours_batch.items() if k != "region_masks"})
+        assert (unmasked - ours).abs().max() > 1e-3
+    # the training-only object classifier is the MRC head over VCR's 81 classes, its transform without LayerNorm
+    assert torch.equal(model.roi_classifier.weight.float(), clean["cnn_loss_reg.2.weight"])
+    assert torch.equal(model.roi_transform.dense.weight.float(), clean["cnn_loss_reg.0.dense.weight"])
+    assert isinstance(model.roi_transform.LayerNorm, torch.nn.Identity)
+    out = import_official_task(save(tmp_path, sd), "vcr", tmp_path / "vcr", num_attention_heads=HEADS)
+    loaded, info = load_task_model(out, VCRTask.rebuild)  # strict: every tensor has its place
+    assert info["object_classes"] == VCR_CATEGORIES and info["data"]["segmentation_masks"] is True
+    for k, v in model.state_dict().items():
+        if k not in untouched:
+            torch.testing.assert_close(loaded.state_dict()[k].double(), v, atol=0, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.double().run(ours_batch)[0], ours, atol=1e-9, rtol=0)
+
+
+def test_official_vcr_two_fc_head_is_refused_by_name(tmp_path):
+    sd = {k: v for k, v in official_vcr_state().items() if not k.startswith("module.final_mlp.")}
+    sd["module.final_mlp.1.weight"], sd["module.final_mlp.1.bias"] = torch.zeros(64, H), torch.zeros(64)
+    sd["module.final_mlp.4.weight"], sd["module.final_mlp.4.bias"] = torch.zeros(1, 64), torch.zeros(1)
+    with pytest.raises(ValueError, match="not the official vcr head.*'1fc'.*final_mlp.4.weight"):
+        load_official_task(save(tmp_path, sd), "vcr", num_attention_heads=HEADS)

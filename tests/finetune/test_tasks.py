@@ -17,7 +17,7 @@ import torch
 
 from finetune.common import encode
 from finetune.refcoco import RefFormatError, read_detections, read_instances, read_refs, safe_pickle_load
-from finetune.vcr import GENDER_NEUTRAL_NAMES, VCRFormatError, q2ar, read_vcr_jsonl, words_of
+from finetune.vcr import GENDER_NEUTRAL_NAMES, VCRFormatError, instance_mask, q2ar, read_vcr_jsonl, words_of
 from finetune.vqa import build_answer_vocab
 from finetune.vqa_score import normalise_answer, read_vqa, soft_score, vqa_accuracy
 from pretrain.loaders import EpochLoader
@@ -247,6 +247,62 @@ def test_vcr_reader(tmp_path):
     with pytest.raises(VCRFormatError, match=r"val.jsonl:2: missing \['rationale_label'\]"):
         read_vcr_jsonl(path, need_labels=True)
     assert len(read_vcr_jsonl(path, need_labels=False)) == 2  # the test split has no labels
+
+
+def test_vcr_instance_masks_by_hand():
+    """A triangle (0,0) (3,0) (0,3) in a 4x4 frame. The even-odd rule with edges half-open in y (scikit-image
+    before 0.18, the released checkpoints'): cell (r, c) is in when r < 3 and c < 3 - r, the hypotenuse and the
+    bottom vertex out. Edges inside (scikit-image >= 0.18): c <= 3 - r. The box's corner and side + 1 set the
+    frame: the same triangle drawn twice as large at (10, 20) gives the same cells; vertices beyond the box are
+    clamped to its border; several polygons are a union; no polygon, no cell."""
+    half_open = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+    edges_in = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float32)
+    triangle = [[[0, 0], [3, 0], [0, 3]]]
+    assert torch.equal(instance_mask(triangle, [0, 0, 3, 3], 4), half_open)
+    assert torch.equal(instance_mask(triangle, [0, 0, 3, 3], 4, boundary=True), edges_in)
+    scaled = [[[10, 20], [16, 20], [10, 26]]]  # side + 1 = 8 pixels for 4 cells
+    assert torch.equal(instance_mask(scaled, [10, 20, 17, 27, 0.9], 4), half_open)
+    beyond = [[[-5, -5], [3, -5], [-5, 3]]]  # clamped to (0,0) (3,0) (0,3)
+    assert torch.equal(instance_mask(beyond, [0, 0, 3, 3], 4), half_open)
+    square = [[2, 2], [3, 2], [3, 3], [2, 3]]  # half-open: only its corner cell (2, 2) is in
+    union = instance_mask(triangle + [square], [0, 0, 3, 3], 4)
+    assert torch.equal(union, half_open + torch.tensor([[0] * 4, [0] * 4, [0, 0, 1, 0], [0] * 4]))
+    assert instance_mask([], [0, 0, 3, 3], 4).sum() == 0
+
+
+def test_vcr_reads_segmentations_as_region_masks(tmp_path):
+    """data.segmentation_masks: each object's `segms` of the metadata becomes its [S, S] mask in `region_masks`
+    (padding boxes zero), in its box's frame whatever the resize; a metadata file without segms is refused by
+    name."""
+    from PIL import Image
+
+    from finetune.vcr import VCRConfig, VCRSet
+    from model.config import load_config
+    from shards.tokenizer import load_tokenizer
+
+    (tmp_path / "movie").mkdir()
+    Image.new("RGB", (64, 48), "white").save(tmp_path / "movie/a.jpg")
+    triangle = [[[4, 4], [10, 4], [4, 10]]]  # in box (4, 4, 11, 11): the hand-computed triangle, twice as large
+    meta = {"boxes": [[4, 4, 11, 11, 0.9], [20, 10, 40, 30, 0.8]], "segms": [triangle, []], "width": 64, "height": 48}
+    (tmp_path / "movie/a.json").write_text(json.dumps(meta))
+    rec = {"question": ["What", "is", [0], "doing", "?"], "answer_choices": [["Sitting", "."]] * 4,
+           "rationale_choices": [[[0], "is", "on", [1], "."]] * 4, "answer_label": 2, "rationale_label": 0,
+           "objects": ["person", "chair"], "img_fn": "movie/a.jpg", "metadata_fn": "movie/a.json", "annot_id": "val-0"}
+    (tmp_path / "val.jsonl").write_text(json.dumps(rec) + "\n")
+    cfg = load_config(VCRConfig, None, [f"data.root={tmp_path}", f"data.images={tmp_path}",
+                                        "data.segmentation_masks=true", "data.mask_size=4", "image.short_side=96",
+                                        "image.long_side=128"])
+    data = VCRSet(cfg, "val", load_tokenizer(None))
+    batch = data.batch([0, 0])
+    assert batch["region_masks"].shape == (2, 2, 4, 4)
+    assert torch.equal(batch["region_masks"][0, 0], instance_mask(triangle, meta["boxes"][0], 4))
+    assert batch["region_masks"][0, 0].sum() == 6 and batch["region_masks"][0, 1].sum() == 0
+    assert "region_masks" not in VCRSet(load_config(VCRConfig, None, [f"data.root={tmp_path}",
+                                                                      f"data.images={tmp_path}"]),
+                                        "val", load_tokenizer(None)).batch([0])
+    (tmp_path / "movie/a.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "segms"}))
+    with pytest.raises(VCRFormatError, match=r"val.jsonl:1: metadata .*a.json: data.segmentation_masks needs"):
+        data.batch([0])
 
 
 def test_q2ar_counts_a_question_right_only_when_both_are():

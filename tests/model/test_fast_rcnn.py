@@ -52,6 +52,33 @@ def test_region_features_are_res5_on_roialign_crops():
     assert out["boxes"][0, 0].tolist() == [0, 0, 80, 64]  # the whole-image box comes first
 
 
+def test_region_masks_weight_each_regions_res5_map_before_the_pool():
+    """The official VCR's segmentation-masked pooling: mean over (res5 map x the box's instance mask); the
+    whole-image element keeps its whole map, and all-ones masks change nothing."""
+    torch.manual_seed(0)
+    frcnn = FastRCNN(FastRCNNConfig(backbone="resnet18", num_classes=5)).eval()
+    images = torch.randint(0, 256, (1, 3, 64, 80), dtype=torch.uint8)
+    sizes, box_mask = torch.tensor([[64, 80]]), torch.ones(1, 2, dtype=torch.bool)
+    boxes = torch.tensor([[[8.0, 4.0, 40.0, 50.0], [30.0, 20.0, 70.0, 60.0]]])
+    masks = torch.zeros(1, 2, 7, 7)  # res5 halves the 14x14 RoI
+    masks[0, 0, 2:5, 1:6] = 1
+    masks[0, 1, :, 3] = 1
+    seen = []
+    hook = frcnn.box_head.register_forward_hook(lambda module, args, out: seen.append(out.detach()))
+    with torch.no_grad():
+        plain = frcnn(images, sizes, boxes, box_mask)["appearance"]
+        masked = frcnn(images, sizes, boxes, box_mask, region_masks=masks)["appearance"]
+        ones = frcnn(images, sizes, boxes, box_mask, region_masks=torch.ones(1, 2, 7, 7))["appearance"]
+    hook.remove()
+    res5 = seen[1]  # [1 + 2, 512, 7, 7]: whole image, then the boxes
+    torch.testing.assert_close(masked[0, 0], res5[0].mean((1, 2)))
+    for k in range(2):
+        torch.testing.assert_close(masked[0, k + 1], (res5[k + 1] * masks[0, k]).mean((1, 2)))
+    torch.testing.assert_close(ones, plain)
+    with pytest.raises(ValueError, match=r"region_masks \[1, 2, 14, 14\]: expected \[1, 2, 7, 7\]"):
+        frcnn(images, sizes, boxes, box_mask, region_masks=torch.ones(1, 2, 14, 14))
+
+
 def test_feature_stride_8_is_res4_without_its_downsampling():
     """Same weights as stride 16; res4's first convolutions at stride 1 give what the stride-2 ones give at
     every other position, the C4 map is twice as fine, and RoIAlign samples it at scale 1/8."""

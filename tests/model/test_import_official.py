@@ -128,9 +128,11 @@ def coordinate_embeddings(boxes, dim):
     return torch.cat([angles.sin(), angles.cos()], -1)
 
 
-def official_obj_reps(sd, images_rgb, sizes, boxes, masked):
+def official_obj_reps(sd, images_rgb, sizes, boxes, masked, segms=None):
     """obj_reps [B, 1+N, visual] of FastRCNN.forward (eval): whole image box first, as ADD_IMAGE_AS_A_BOX.
-    images_rgb uint8 [B, 3, Hp, Wp] (padding beyond sizes), sizes [(h, w)], boxes [B, N, 4] inclusive."""
+    images_rgb uint8 [B, 3, Hp, Wp] (padding beyond sizes), sizes [(h, w)], boxes [B, N, 4] inclusive.
+    segms: per image [N, 14, 14] instance masks (VCR: the whole image's is all ones, as its dataset adds it),
+    multiplied into res5's output before the pool."""
     mean = torch.tensor(OFFICIAL_PIXEL_MEANS_BGR, dtype=torch.float64)
     x = torch.zeros(images_rgb.shape, dtype=torch.float64)
     for b, (h, w) in enumerate(sizes):  # per image: to BGR 0-255, minus means, masked boxes zeroed; pad 0
@@ -152,6 +154,8 @@ def official_obj_reps(sd, images_rgb, sizes, boxes, masked):
         crops = roi_align(x, rois, (14, 14), spatial_scale=1 / 16, sampling_ratio=1, aligned=False)
         for i in range(3):  # dilated res5: stride 1, dilation 2 throughout
             crops = bottleneck(crops, sd, f"image_feature_extractor.roi_head_feature_extractor.{i}.", 1, 2)
+        if segms is not None:
+            crops = crops * torch.cat([torch.ones(1, 14, 14), segms[b][: len(boxes[b])]]).double()[:, None]
         feats = crops.mean((2, 3))  # AvgPool2d(14)
         coords = coordinate_embeddings(torch.cat([all_boxes, torch.tensor([[w, h]] * len(all_boxes)).double()], 1),
                                        256).view(len(all_boxes), -1)

@@ -13,8 +13,7 @@ from PIL import Image, ImageDraw
 from model.boxes import scale_features
 from model.config import FastRCNNConfig, load_config
 from model.fast_rcnn import FastRCNN, size_classifier
-from pretrain.detector import (BoxSet, DetectorConfig, DetectorWarmup, drift, evaluate, export_state,
-                               fit_size_classifier)
+from pretrain.detector import BoxSet, DetectorConfig, DetectorWarmup, drift, evaluate, export_state, fit_size_classifier
 from shards.coco import CocoFormatError, read_instances, read_vocabularies
 
 ROOT = Path(__file__).resolve().parents[2]
