@@ -1,11 +1,18 @@
-"""Pretraining step throughput and model-FLOPs utilisation: our DeepSpeed engine vs a plain PyTorch
+"""Pretraining step throughput and model-FLOPs utilisation: our training engine vs a plain PyTorch
 loop (same module, same batches, AdamW + clipping), in one process, in the same run.
 
-Data loading is excluded (the same pre-made batches feed both), so the ratio isolates the step.
+"Ours" is the `Engine`'s own loop (`Engine.train`: DeepSpeed's forward, backward and step, the non-finite
+flags, the metric sums, the per-step stop vote, a log line per window), checkpoints switched off, at ZeRO 2 (the
+configs' default) and at ZeRO 0. Data loading is excluded (the same pre-made batches feed both), so the ratio
+isolates the step.
 Utilisation = counted model FLOPs per second (model/flops.py, by part) over a large fp32 GEMM
 measured in the same run.
 
-    python -m bench.pretrain_step [--shape demo|base|all] [--steps 4] [--repeats 3] [--write]
+    python -m bench.pretrain_step [--shape demo|base|all] [--steps 4] [--repeats 3] [--write] [--scaling]
+
+`--scaling` adds data-parallel scaling: the same Engine loop on 1 and on 2 ranks (processes on this machine,
+gloo, one thread and one core each; each rank its own batch of the shape's size), at ZeRO 2 and 0; weak-scaling
+efficiency = the 2-rank step's throughput over twice the 1-rank step's.
 """
 
 from __future__ import annotations
@@ -13,8 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -36,7 +46,8 @@ SHAPES = {
 }
 
 
-COLUMNS = ["shape", "samples/step", "ours samples/s", "plain loop samples/s", "ours / plain", "ours at ZeRO-0 / plain",
+COLUMNS = ["shape", "samples/step", "ours (ZeRO-2) samples/s", "plain loop samples/s", "ours / plain",
+           "ours at ZeRO-0 / plain",
            "GFLOP/step (transformer / CNN)", "util.", "CNN share of step", "util. CNN / transformer"]
 HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS)
 
@@ -66,13 +77,90 @@ def step_flops(model_cfg, fast_rcnn, batches) -> dict[str, float]:
     return {"transformer": transformer / len(batches), "cnn": cnn / len(batches)}
 
 
+def engine_loop(model_cfg, initial: dict, batches: list, stage: int, run_dir: str, steps: int, samples: int):
+    """Our Engine over `batches[1:]`, round and round, after one warm-up step; no checkpoints."""
+    from model.vl_bert import VLBertForPretraining
+    from pretrain.engine import Engine, EngineConfig, OptimConfig
+    from pretrain.run import count_batch
+    from pretrain.tasks import LossConfig, VLBertPretraining
+
+    class Batches:  # the Engine's loader: the same pre-made batches
+        def __iter__(self):
+            while True:
+                yield from batches[1:]
+
+    module = VLBertPretraining(VLBertForPretraining(model_cfg), LossConfig())
+    module.load_state_dict(initial)
+    cfg = EngineConfig(run_dir=run_dir, zero_stage=stage, precision="fp32", steps=1, log_every=steps,
+                       checkpoint_every=1 << 30, progress=False, export=False)
+    engine = Engine(module, Batches(), cfg, OptimConfig(lr=1e-4, warmup_steps=10, grad_clip=1.0),
+                    micro_batch_size=samples, count_batch=count_batch)
+    engine.save_checkpoint = lambda: None  # the loop alone: no checkpoint at a window's end
+    engine.train()  # one warm-up step
+    return engine
+
+
+def engine_window(engine, steps: int) -> float:
+    """Seconds per step of `steps` more steps of the Engine's own loop."""
+    engine.cfg.steps = engine.step + steps
+    t = time.perf_counter()
+    engine.train(resume=True)  # no checkpoint to resume from: it goes on from where it is
+    return (time.perf_counter() - t) / steps
+
+
+def scaling_rank(rank: int, world: int, port: int, name: str, steps: int, repeats: int, demo_dir: str,
+                 out: str) -> None:
+    """One rank of the scaling bench (started by torch.multiprocessing): the Engine loop at ZeRO 2 and 0 on one
+    thread; rank 0 writes the seconds per step of each window."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+    torch.set_num_threads(1)
+    import deepspeed
+
+    from model.config import model_config
+    from model.vl_bert import VLBertForPretraining
+    from pretrain.tasks import LossConfig, VLBertPretraining
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    shape = SHAPES[name]
+    samples = shape["captions"] + shape["texts"]
+    model_cfg = model_config(shape["preset"], None, shape["overrides"])
+    batches = make_batches(shape, steps + 1, demo_dir)
+    torch.manual_seed(0)
+    initial = VLBertPretraining(VLBertForPretraining(model_cfg), LossConfig()).state_dict()
+    engines = {stage: engine_loop(model_cfg, initial, batches, stage, f"{out}.run{world}/zero{stage}", steps, samples)
+               for stage in (2, 0)}
+    times = {stage: [engine_window(engines[stage], steps) for _ in range(repeats)] for stage in engines}
+    if rank == 0:
+        Path(out).write_text(json.dumps({str(k): v for k, v in times.items()}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def run_scaling(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
+    """Seconds per step at 1 and 2 ranks (one thread each), and the weak-scaling efficiency t1 / t2."""
+    import torch.multiprocessing as mp
+
+    tmp = tempfile.mkdtemp(prefix="bench_scaling_")
+    times = {}
+    for world, port in ((1, 29581), (2, 29582)):
+        out = f"{tmp}/world{world}.json"
+        mp.spawn(scaling_rank, args=(world, port, name, steps, repeats, demo_dir, out), nprocs=world)
+        times[world] = json.loads(Path(out).read_text())
+    shutil.rmtree(tmp, ignore_errors=True)
+    efficiency = {stage: statistics.median(times[1][stage]) / statistics.median(times[2][stage])
+                  for stage in times[1]}
+    return {"shape": name, "seconds_per_step": times, "efficiency": efficiency}
+
+
 def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     from model.config import model_config
     from model.vl_bert import VLBertForPretraining
-    from pretrain.engine import EngineConfig, OptimConfig, initialize_deepspeed, linear_warmup_decay, param_groups
+    from pretrain.engine import linear_warmup_decay, param_groups
     from pretrain.tasks import LossConfig, VLBertPretraining
 
     shape = SHAPES[name]
+    samples = shape["captions"] + shape["texts"]
     model_cfg = model_config(shape["preset"], None, shape["overrides"])
     batches = make_batches(shape, steps + 1, demo_dir)
     torch.manual_seed(0)
@@ -94,28 +182,12 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
             sched.step()
         return one
 
-    def engine_for(stage: int):
-        module = VLBertPretraining(VLBertForPretraining(model_cfg), LossConfig())
-        module.load_state_dict(initial)
-        opt = torch.optim.AdamW(param_groups(module, 1e-4), lr=1e-4)
-        engine, *_ = initialize_deepspeed(module, opt, linear_warmup_decay(10, 1000),
-                                          EngineConfig(zero_stage=stage, precision="fp32", steps=1000),
-                                          OptimConfig(lr=1e-4, warmup_steps=10, grad_clip=1.0),
-                                          shape["captions"] + shape["texts"])
-        return engine
-
-    engines = {stage: engine_for(stage) for stage in (2, 0)}
+    tmp = tempfile.mkdtemp(prefix="bench_pretrain_step_")
+    engines = {stage: engine_loop(model_cfg, initial, batches, stage, f"{tmp}/zero{stage}", steps, samples)
+               for stage in (2, 0)}
 
     def ours(stage: int):
-        engine = engines[stage]
-
-        def make():
-            def one(b):
-                loss, _ = engine(b)
-                engine.backward(loss)
-                engine.step()
-            return one
-        return make
+        return lambda: engine_window(engines[stage], steps)
 
     def timed(make):
         step = make()
@@ -139,11 +211,11 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
 
     results = {"ours": [], "ours_zero0": [], "plain": [], "cnn": []}
     for _ in range(repeats):  # interleaved
-        results["ours"].append(timed(ours(2)))
-        results["ours_zero0"].append(timed(ours(0)))
+        results["ours"].append(ours(2)())
+        results["ours_zero0"].append(ours(0)())
         results["plain"].append(timed(plain))
         results["cnn"].append(timed(cnn_only))
-    samples = shape["captions"] + shape["texts"]
+    shutil.rmtree(tmp, ignore_errors=True)
     peak = measured_matmul_peak()
     total = flops["transformer"] + flops["cnn"]
     t_ours, t_cnn = statistics.median(results["ours"]), statistics.median(results["cnn"])
@@ -178,7 +250,9 @@ def ensure_demo(demo_dir: str) -> None:
 
 
 def main(argv=None):
-    args = shape_parser(__doc__).parse_args(argv)
+    p = shape_parser(__doc__)
+    p.add_argument("--scaling", action="store_true", help="also 1 vs 2 ranks (one thread each): efficiency")
+    args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29571"}.items():
@@ -189,7 +263,8 @@ def main(argv=None):
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     shapes = ["demo", "base"] if args.shape == "all" else [args.shape]
     out = [run_shape(s, args.steps, args.repeats, args.demo) for s in shapes]
-    print(json.dumps(out, indent=1))
+    scaling = [run_scaling(s, args.steps, args.repeats, args.demo) for s in shapes] if args.scaling else []
+    print(json.dumps(out + scaling, indent=1))
     if args.write:
         rows = []
         for r in out:
@@ -203,10 +278,12 @@ def main(argv=None):
                         f"{100 * r['utilisation']['total']:.1f}% | {100 * r['cnn_share_of_plain_step']:.0f}% | "
                         f"{100 * r['utilisation']['cnn']:.1f}% / {100 * r['utilisation']['transformer']:.1f}% |")
         update_section("pretrain_step", f"""
-## Pretraining step: DeepSpeed engine vs a plain PyTorch loop
+## Pretraining step: our engine vs a plain PyTorch loop
 
-`python -m bench.pretrain_step --write`: one process, ZeRO-2 (and, in its own column, ZeRO-0: at one rank
-the engine then skips DeepSpeed's gradient all-reduce), fp32, the same module and the same pre-made batches
+`python -m bench.pretrain_step --write`: one process; ours is the `Engine`'s loop (DeepSpeed's forward,
+backward and step, the non-finite flags, metric sums, the per-step stop vote and a log line; no checkpoint)
+at ZeRO-2 and, in its own column, at ZeRO-0 (at one rank the engine then skips DeepSpeed's gradient
+all-reduce and clips in its FiniteGuard); fp32, the same module and the same pre-made batches
 (data loading excluded) for all; {args.steps} timed steps after a warm-up step,
 {args.repeats} interleaved repeats; median (min-max). Utilisation = counted model FLOPs (`model/flops.py`:
 transformer 6N per token + attention + heads at masked positions; CNN by FlopCounterMode, x3 for
@@ -218,7 +295,29 @@ same batches (its share of the plain loop's step), and the transformer part = th
 {HEADER}
 {chr(10).join(rows)}
 """)
-    return out
+    if args.write and scaling:
+        rows = []
+        for r in scaling:
+            t = r["seconds_per_step"]
+            samples = SHAPES[r["shape"]]["captions"] + SHAPES[r["shape"]]["texts"]
+            for stage in ("2", "0"):
+                rows.append(f"| {r['shape']} | {stage} | {median_range([samples / x for x in t['1'][stage]])} | "
+                            f"{median_range([2 * samples / x for x in t['2'][stage]])} | "
+                            f"{r['efficiency'][stage]:.2f} |")
+        update_section("pretrain_scaling", f"""
+## Pretraining step: 1 rank against 2 (data-parallel scaling)
+
+`python -m bench.pretrain_step --scaling --write`: the same Engine loop as above on 1 and on 2 ranks
+(processes on this machine over gloo, one thread and one core each), each rank with its own batch of the
+shape's size; {args.steps} timed steps after a warm-up, {args.repeats} repeats; median (min-max). Weak-scaling
+efficiency = the 2 ranks' samples/s over twice the 1 rank's (1.0: the gradient exchange costs nothing).
+Machine: {machine()}.
+
+| shape | ZeRO stage | 1 rank samples/s | 2 ranks samples/s | efficiency |
+| --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
+""")
+    return out + scaling
 
 
 if __name__ == "__main__":
