@@ -18,6 +18,10 @@ import time
 
 import torch
 
+from finetune.generate import DecodeConfig, generate
+from model.bert_gen import BertGen
+from model.config import model_config
+
 from .report import machine, median_range, update_section
 
 SIZES = {"base": [], "mini": ["hidden_size=384", "num_hidden_layers=6", "num_attention_heads=12",
@@ -25,9 +29,6 @@ SIZES = {"base": [], "mini": ["hidden_size=384", "num_hidden_layers=6", "num_att
 
 
 def build(size: str, regions: int, words: int, batch: int):
-    from model.bert_gen import BertGen
-    from model.config import model_config
-
     cfg = model_config("base", overrides=["visual_embedding=linear", *SIZES[size]])
     torch.manual_seed(0)
     gen = BertGen(cfg).eval()
@@ -41,8 +42,6 @@ def build(size: str, regions: int, words: int, batch: int):
 
 
 def time_decode(gen, inputs, length: int, cached: bool):
-    from finetune.generate import DecodeConfig, generate
-
     cfg = DecodeConfig(method="greedy", max_length=length, min_length=length, cached=cached)
     start = time.perf_counter()
     with torch.no_grad():

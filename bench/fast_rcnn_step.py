@@ -18,6 +18,9 @@ import torch
 import torchvision
 from torch import nn
 
+from model.config import model_config
+from model.fast_rcnn import FastRCNN
+
 from .pretrain_step import SHAPES, ensure_demo, make_batches, shape_parser
 from .report import machine, median_range, update_section
 
@@ -68,9 +71,6 @@ class TorchvisionC4(nn.Module):
 
 
 def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
-    from model.config import model_config
-    from model.fast_rcnn import FastRCNN
-
     shape = SHAPES[name]
     cfg = model_config(shape["preset"], None, shape["overrides"]).fast_rcnn
     batches = [b["caption"] for b in make_batches(shape, steps + 1, demo_dir)]

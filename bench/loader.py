@@ -22,6 +22,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from shards.caption_inputs import load_box_file
+from shards.demo import build_demo
 from shards.reader import StreamConfig, StreamLoader, collate_captions, resize_scale
 from shards.skips import SkipLog
 from shards.tokenizer import load_tokenizer
@@ -89,7 +90,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     demo = Path(args.demo)
     if not (demo / "shards" / "captions-train" / "manifest.json").exists():
-        from shards.demo import build_demo
 
         build_demo(demo)
     torch.manual_seed(0)

@@ -17,10 +17,16 @@ and regions to its longest. Padding fraction = padded positions / all positions.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import random
+import tarfile
 
 import numpy as np
+import torch
+
+from pretrain.run import count_batch
+from shards.reader import StreamConfig, StreamLoader, length_groups
 
 from .report import machine, update_section
 
@@ -40,7 +46,6 @@ def text_padding(batches: list[list[int]]) -> tuple[int, int]:
 
 def batch_stream(items: list, size: int, pool: int, length, seed: int = 0) -> list[list]:
     """The reader's batching of one role's stream: `size` at a time, or length-grouped pools."""
-    from shards.reader import length_groups
 
     out = []
     for p, start in enumerate(range(0, len(items), size * pool)):
@@ -54,9 +59,6 @@ def batch_stream(items: list, size: int, pool: int, length, seed: int = 0) -> li
 
 
 def text_lengths(demo: str) -> list[int]:
-    import glob
-    import tarfile
-
     lengths = []
     for path in sorted(glob.glob(f"{demo}/shards/text/*.tar")):
         with tarfile.open(path) as tar:
@@ -83,8 +85,6 @@ def paper_scale(demo: str, buckets: int, n: int = 16384, per_rank: int = 8) -> d
 
 def demo_reader(demo: str, buckets: int, n_batches: int = 150) -> dict:
     """The real reader on the demo shards, demo config batch sizes, positions counted as the engine does."""
-    from pretrain.run import count_batch
-    from shards.reader import StreamConfig, StreamLoader
 
     out = {}
     for name, k in (("plain", 1), ("buckets", buckets)):
@@ -103,8 +103,6 @@ def demo_reader(demo: str, buckets: int, n_batches: int = 150) -> dict:
 
 
 def _with_specials(mask):
-    import torch
-
     return torch.cat([mask[:, :1] | True, mask, mask[:, :1] | True], 1) if mask.numel() else mask
 
 

@@ -27,8 +27,18 @@ import time
 from pathlib import Path
 
 import torch
+import torch.multiprocessing as mp
 
+from model.config import model_config
 from model.flops import cnn_flops, measured_matmul_peak, transformer_flops
+from model.vl_bert import VLBertForPretraining
+from pretrain.engine import Engine, EngineConfig, OptimConfig, linear_warmup_decay, param_groups
+from pretrain.masking import MaskingConfig, PretrainMasker
+from pretrain.run import count_batch
+from pretrain.tasks import LossConfig, VLBertPretraining
+from shards.demo import build_demo
+from shards.reader import StreamConfig, StreamLoader
+from shards.tokenizer import load_tokenizer
 
 from .report import machine, median_range, update_section
 
@@ -53,10 +63,6 @@ HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS)
 
 
 def make_batches(shape: dict, n: int, demo_dir: str):
-    from pretrain.masking import MaskingConfig, PretrainMasker
-    from shards.reader import StreamConfig, StreamLoader
-    from shards.tokenizer import load_tokenizer
-
     cfg = StreamConfig(caption_shards=f"{demo_dir}/shards/captions-train/*.tar",
                        text_shards=f"{demo_dir}/shards/text/*.tar", caption_batch_size=shape["captions"],
                        text_batch_size=shape["texts"], short_side=shape["short_side"], long_side=shape["long_side"],
@@ -79,10 +85,6 @@ def step_flops(model_cfg, fast_rcnn, batches) -> dict[str, float]:
 
 def engine_loop(model_cfg, initial: dict, batches: list, stage: int, run_dir: str, steps: int, samples: int):
     """Our Engine over `batches[1:]`, round and round, after one warm-up step; no checkpoints."""
-    from model.vl_bert import VLBertForPretraining
-    from pretrain.engine import Engine, EngineConfig, OptimConfig
-    from pretrain.run import count_batch
-    from pretrain.tasks import LossConfig, VLBertPretraining
 
     class Batches:  # the Engine's loader: the same pre-made batches
         def __iter__(self):
@@ -115,11 +117,8 @@ def scaling_rank(rank: int, world: int, port: int, name: str, steps: int, repeat
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
     torch.set_num_threads(1)
+    # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
     import deepspeed
-
-    from model.config import model_config
-    from model.vl_bert import VLBertForPretraining
-    from pretrain.tasks import LossConfig, VLBertPretraining
 
     deepspeed.init_distributed(dist_backend="gloo")
     shape = SHAPES[name]
@@ -139,7 +138,6 @@ def scaling_rank(rank: int, world: int, port: int, name: str, steps: int, repeat
 
 def run_scaling(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     """Seconds per step at 1 and 2 ranks (one thread each), and the weak-scaling efficiency t1 / t2."""
-    import torch.multiprocessing as mp
 
     tmp = tempfile.mkdtemp(prefix="bench_scaling_")
     times = {}
@@ -154,11 +152,6 @@ def run_scaling(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
 
 
 def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
-    from model.config import model_config
-    from model.vl_bert import VLBertForPretraining
-    from pretrain.engine import linear_warmup_decay, param_groups
-    from pretrain.tasks import LossConfig, VLBertPretraining
-
     shape = SHAPES[name]
     samples = shape["captions"] + shape["texts"]
     model_cfg = model_config(shape["preset"], None, shape["overrides"])
@@ -244,7 +237,6 @@ def shape_parser(doc: str) -> argparse.ArgumentParser:
 def ensure_demo(demo_dir: str) -> None:
     """Build the demo corpus the batches come from, on a fresh machine."""
     if not os.path.exists(f"{demo_dir}/shards/text/manifest.json"):
-        from shards.demo import build_demo
 
         build_demo(demo_dir)
 
@@ -257,6 +249,7 @@ def main(argv=None):
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29571"}.items():
         os.environ.setdefault(k, v)
+    # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
     import deepspeed
 
     ensure_demo(args.demo)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import statistics
 from pathlib import Path
 
+import torch
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
 
 
 def machine() -> str:
-    import torch
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
@@ -21,7 +22,6 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    import os
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (f"{cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, "

@@ -22,6 +22,10 @@ from pathlib import Path
 
 import torch
 
+from model.config import model_config
+from model.flops import cnn_flops, transformer_flops
+from model.vl_bert import VLBertForPretraining
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "SCALING.md"
 PAPER_BATCH = 256  # 128 captions + 128 text sequences (VL-BERT A.2)
 PAPER_STEPS = 250_000
@@ -37,10 +41,6 @@ class Sample:
 
 
 def sample_flops(size: str, regions: int, caption_tokens: int, text_tokens: int, height: int, width: int) -> Sample:
-    from model.config import model_config
-    from model.flops import cnn_flops, transformer_flops
-    from model.vl_bert import VLBertForPretraining
-
     cfg = model_config(size, updates={"fast_rcnn": {"backbone": "resnet101", "num_classes": 1601,
                                                     "roi_output_size": 14, "freeze_stem": True, "freeze_res2": True}})
     with torch.device("meta"):

@@ -24,8 +24,10 @@ import time
 
 import torch
 
+from model.config import model_config
 from model.flops import measured_matmul_peak, transformer_flops
-from model.vl_bert import real_positions
+from model.vl_bert import VLBertForPretraining, real_positions
+from pretrain.tasks import LossConfig, VLBertPretraining
 
 from .report import machine, median_range, update_section
 
@@ -81,11 +83,8 @@ def peer_inputs(x: dict) -> dict:
 
 
 def build(layers: int, hidden: int, heads: int, feature: int, classes: int):
+    # lazy: transformers (~0.7 s to import) only for the VisualBERT peer
     from transformers import VisualBertConfig, VisualBertForPreTraining
-
-    from model.config import model_config
-    from model.vl_bert import VLBertForPretraining
-    from pretrain.tasks import LossConfig, VLBertPretraining
 
     torch.manual_seed(0)
     cfg = model_config("base", updates={"num_hidden_layers": layers, "hidden_size": hidden,

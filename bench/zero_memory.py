@@ -27,7 +27,13 @@ from pathlib import Path
 
 import torch
 
+from model.config import model_config
+from model.vl_bert import VLBertForPretraining
+from pretrain.engine import EngineConfig, OptimConfig, deepspeed_config, param_groups
+from pretrain.tasks import LossConfig, VLBertPretraining
+
 from .report import machine, update_section
+from .transformer_step import make_inputs, ours_batch
 
 FORMULA = {1: lambda p, n: 4 * p + 12 * p / n, 2: lambda p, n: 2 * p + 14 * p / n, 3: lambda p, n: 16 * p / n}
 
@@ -50,14 +56,8 @@ def live_tensor_bytes() -> int:
 
 
 def worker(stage: int, layers: int, hidden: int, out: str) -> None:
+    # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
     import deepspeed
-
-    from model.config import model_config
-    from model.vl_bert import VLBertForPretraining
-    from pretrain.engine import EngineConfig, OptimConfig, deepspeed_config, param_groups
-    from pretrain.tasks import LossConfig, VLBertPretraining
-
-    from .transformer_step import make_inputs, ours_batch
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()

@@ -16,14 +16,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
 
-from model.config import model_config
+from model.config import load_config, model_config
 from model.export import image_preprocessing, is_export_dir, load_config_dir, load_pretrained, save_pretrained
+from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
-from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, run_overrides
+from pretrain.engine import (
+    Engine,
+    EngineConfig,
+    OptimConfig,
+    add_run_arguments,
+    init_distributed,
+    run_overrides,
+    seed_rank,
+)
 from pretrain.loaders import EpochLoader
 from pretrain.loaders import eval_batches as eval_in_order
 from shards.images import SIZE_DIVISIBILITY, ImageConfig
+from shards.reader import pad_ids
+from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 
 
 @dataclass
@@ -66,8 +79,6 @@ class FinetuneConfig:
 def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, str]:
     """The model to finetune (with its pretraining heads, whose transforms the task heads start from),
     its tokenizer directory, and a line saying where it came from."""
-    from model.hf_import import config_from_hf, load_hf_bert
-    from shards.tokenizer import bert_source_dir, resolve_bert_dir
 
     path = Path(cfg.init) if cfg.init not in ("packaged", "random") else None
     if path is not None and is_export_dir(path):
@@ -95,8 +106,6 @@ def copy_transform(dst: torch.nn.Module, src: torch.nn.Module) -> None:
 
 
 def pad_lists(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    from shards.reader import pad_ids
-
     ids, mask = pad_ids([torch.tensor(s, dtype=torch.long) for s in seqs], pad)
     return ids, mask
 
@@ -152,8 +161,6 @@ class RegionFeatureCache:
     other attribute is the task set's."""
 
     def __init__(self, data, vl_bert: VLBert, batch_size: int, device, desc: str = "region features"):
-        from tqdm import tqdm
-
         self.data = data
         self.features: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         vl_bert = vl_bert.eval()
@@ -254,7 +261,6 @@ def save_task_model(module: torch.nn.Module, state: dict[str, torch.Tensor], pat
 def load_task_model(path: str | Path, build):
     """`build(vl_bert, task_info) -> module` around a VLBert of the saved config; the weights must match
     it exactly."""
-    from safetensors.torch import load_file
 
     path = Path(path)
     try:
@@ -279,11 +285,8 @@ def finetune_main(spec, argv: list[str] | None) -> int:
                       "epochs=2 optim.lr=1e-4")
     p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
     args = p.parse_args(argv)
-    from model.config import load_config
 
     cfg = load_config(spec.config_cls, args.config, run_overrides(args))
-    from pretrain.engine import Engine, init_distributed, seed_rank
-    from shards.tokenizer import load_tokenizer
 
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -24,24 +24,28 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
+from model.config import load_config
 from model.export import load_image_preprocessing
+from pretrain.engine import to_device
+from shards.detect import DetectorConfig, RegionDetector, pil_to_tensor
 from shards.images import ImageConfig, collate_visual, load_image
+from shards.tokenizer import load_tokenizer
 
 from .common import load_task_model, pad_lists
+from .refcoco import RefTask
+from .vcr import VCRTask, piece, words_of
+from .vqa import VQATask
+
+TASKS = {"vqa": VQATask, "refcoco": RefTask, "vcr": VCRTask}
 
 
 def _rebuild(vl_bert, info: dict):
     task = info.get("task")
-    if task == "vqa":
-        from .vqa import VQATask as spec
-    elif task == "refcoco":
-        from .refcoco import RefTask as spec
-    elif task == "vcr":
-        from .vcr import VCRTask as spec
-    else:
+    if task not in TASKS:
         raise ValueError(f"task.json names an unknown task '{task}'")
-    return spec.rebuild(vl_bert, info)
+    return TASKS[task].rebuild(vl_bert, info)
 
 
 def vcr_tokens(text: str) -> list:
@@ -55,8 +59,6 @@ def vcr_tokens(text: str) -> list:
 
 class Predictor:
     def __init__(self, model_dir: str | Path, detector_config: str | None = None, device: str | None = None):
-        from shards.tokenizer import load_tokenizer
-
         self.model, self.info = load_task_model(model_dir, _rebuild)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device)
@@ -73,11 +75,6 @@ class Predictor:
         return self.info["task"]
 
     def detect(self, image: str | Path) -> np.ndarray:
-        from PIL import Image
-
-        from model.config import load_config
-        from shards.detect import DetectorConfig, RegionDetector, pil_to_tensor
-
         if self._detector is None:
             cfg = load_config(DetectorConfig, self.detector_config)
             if cfg.weights is None:
@@ -122,7 +119,6 @@ class Predictor:
     def choose(self, image, question: str, choices: list[str], objects: list[str], boxes=None) -> dict:
         """VCR: the probability of each of the 4 choices (Q->A; for QA->R pass question + answer as the
         question and the rationales as choices)."""
-        from .vcr import piece, words_of
 
         self._expect("vcr")
         if len(choices) != 4:
@@ -147,8 +143,6 @@ class Predictor:
             raise ValueError(f"this is a {self.task} model; {task} input was given")
 
     def _to(self, batch: dict) -> dict:
-        from pretrain.engine import to_device
-
         return to_device(batch, self.device)
 
 

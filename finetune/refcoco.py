@@ -31,7 +31,7 @@ from torch import nn
 
 from model.boxes import box_iou
 from model.heads import BertPredictionHeadTransform
-from pretrain.engine import entry_point
+from pretrain.engine import entry_point, to_device
 from shards.coco import CocoFormatError, read_instances, xywh_to_xyxy
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
@@ -237,8 +237,6 @@ class RefTask:
     @staticmethod
     @torch.no_grad()
     def evaluate(model: RefModel, data: RefSet, cfg: RefConfig, run_dir: Path, device) -> dict:
-        from pretrain.engine import to_device
-
         model.eval()
         preds, hits, chance = [], [], []
         for idx, batch in eval_batches(data, cfg.eval_batch_size, cfg.max_eval_examples, "refcoco eval"):

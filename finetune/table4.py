@@ -173,6 +173,7 @@ def markdown(rep: dict) -> str:
 
 
 def plot(rep: dict, path: Path) -> Path:
+    # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.heads import BertPredictionHeadTransform
-from pretrain.engine import entry_point
+from pretrain.engine import entry_point, to_device
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 
@@ -386,8 +386,6 @@ class VCRTask:
     @staticmethod
     @torch.no_grad()
     def evaluate(model: VCRModel, data: VCRSet, cfg: VCRConfig, run_dir: Path, device) -> dict:
-        from pretrain.engine import to_device
-
         model.eval()
         preds = {}
         for idx, batch in eval_batches(data, cfg.eval_batch_size, cfg.max_eval_examples, "vcr eval"):

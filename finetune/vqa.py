@@ -35,7 +35,8 @@ from torch import nn
 
 from model.heads import BertPredictionHeadTransform
 from model.vl_bert import word_table
-from pretrain.engine import entry_point
+from pretrain.engine import entry_point, to_device
+from shards.caption_inputs import load_box_file
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 
@@ -105,7 +106,6 @@ def split_files(cfg: VQADataConfig, split: str) -> tuple[Path, Path | None]:
 class VQASet:
     def __init__(self, cfg: VQAConfig, splits: list[str], tokenizer, mask_id: int, answers: list[str] | None = None):
         """answers: the classifier's vocabulary; None = build it from these (training) splits, read once."""
-        from shards.caption_inputs import load_box_file
 
         self.skips = SkipLog("examples")
         self.cfg, self.mask_id, self.tokenizer = cfg, mask_id, tokenizer
@@ -250,8 +250,6 @@ class VQATask:
     @staticmethod
     @torch.no_grad()
     def evaluate(model: VQAModel, data: VQASet, cfg: VQAConfig, run_dir: Path, device) -> dict:
-        from pretrain.engine import to_device
-
         model.eval()
         results = []
         for idx, batch in eval_batches(data, cfg.eval_batch_size, cfg.max_eval_examples, "vqa eval"):

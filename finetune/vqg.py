@@ -30,15 +30,33 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from safetensors.torch import load_file
 from torch import nn
+from tqdm import tqdm
 
 from model.bert_gen import BertGen
 from model.config import load_config
-from pretrain.engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides, to_device
+from model.export import TIED, is_export_dir, load_config_dir, save_pretrained
+from model.hf_import import config_from_hf, load_hf_bert
+from pretrain.engine import (
+    Engine,
+    EngineConfig,
+    OptimConfig,
+    add_run_arguments,
+    entry_point,
+    init_distributed,
+    run_overrides,
+    seed_rank,
+    to_device,
+)
 from pretrain.loaders import EpochLoader
+from shards.reader import pad_ids
+from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 
 from .generate import DecodeConfig, generate
 from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
+from .vqg_eval import plot_attention, question_metrics
 
 STEPS = ("step1", "step2", "step2_unfreeze", "step3", "step3_scratch", "custom")
 DEMO = "data/demo/raw/vqg"
@@ -120,8 +138,6 @@ class VQGSet:
         return {im.image_id: im.questions for im in self.images}
 
     def inputs_for(self, image_indices: list[int], inputs: str | None = None) -> dict:
-        from shards.reader import pad_ids
-
         inputs = inputs or self.inputs
         out = {}
         if inputs != "image":
@@ -135,8 +151,6 @@ class VQGSet:
         return out
 
     def batch(self, pair_indices: list[int]) -> dict:
-        from shards.reader import pad_ids
-
         out = self.inputs_for([self.pairs[p][0] for p in pair_indices])
         out["target_ids"], out["target_mask"] = pad_ids([torch.tensor(self.question_ids[p]) for p in pair_indices])
         return out
@@ -162,11 +176,6 @@ class VQGTask(nn.Module):
 def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
     """BertGen with Θ from `cfg.init` and W from `cfg.init_projection` (or random); returns it and a
     record of where every part came from."""
-    from safetensors.torch import load_file
-
-    from model.export import is_export_dir, load_config_dir
-    from model.hf_import import config_from_hf, load_hf_bert
-    from shards.tokenizer import bert_source_dir
 
     gen_updates = {"visual_embedding": "linear", "precomputed_feature_size": feature_size}
     source = bert_source_dir(cfg.init) if cfg.init != "random" else None
@@ -214,10 +223,6 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
 
 
 def load_bert_gen(path: str | Path) -> BertGen:
-    from safetensors.torch import load_file
-
-    from model.export import TIED, load_config_dir
-
     gen = BertGen(load_config_dir(path))
     missing, unexpected = gen.model.load_state_dict(load_file(str(Path(path) / "model.safetensors")), strict=False)
     missing = [k for k in missing if k != TIED]
@@ -231,7 +236,6 @@ def load_bert_gen(path: str | Path) -> BertGen:
 @torch.no_grad()
 def generate_questions(gen: BertGen, data: VQGSet, decode: DecodeConfig, batch_size: int, device="cpu",
                        limit: int = 0, progress: bool = True) -> list[dict]:
-    from tqdm import tqdm
 
     gen.eval()
     n = len(data.images) if not limit else min(limit, len(data.images))
@@ -270,9 +274,6 @@ def xsim(gen: BertGen, data: VQGSet, batch_size: int = 32, device="cpu", limit: 
 def attention_view(gen: BertGen, data: VQGSet, index: int, question_ids: list[int], path: Path) -> None:
     """Last-layer attention, averaged over heads and over the pseudo-masks that generated the question,
     from the question to the input's regions and caption words."""
-    from PIL import Image
-
-    from .vqg_eval import plot_attention
 
     gen.eval()
     b = data.inputs_for([index])
@@ -302,8 +303,6 @@ def attention_view(gen: BertGen, data: VQGSet, index: int, question_ids: list[in
 
 
 def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, device="cpu") -> dict:
-    from .vqg_eval import question_metrics
-
     split = cfg.eval_split
     preds = generate_questions(gen, data, cfg.decode, cfg.eval_batch_size, device, cfg.max_eval_images)
     (run_dir / f"predictions_{split}.json").write_text(json.dumps(preds, indent=1))
@@ -339,11 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(VQGConfig, args.config, run_overrides(args))
     if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
         raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both (got {cfg.step}, {cfg.inputs})")
-    from pretrain.engine import Engine, init_distributed, seed_rank
 
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     seed_rank(cfg.seed, rank)
-    from shards.tokenizer import load_tokenizer, resolve_bert_dir
 
     run_dir = Path(cfg.engine.run_dir)
     try:
@@ -382,7 +379,6 @@ def main(argv: list[str] | None = None) -> int:
         engine.train(resume=args.resume, overwrite=args.overwrite)
         state = engine.consolidated_state_dict()
         if rank == 0:
-            from model.export import save_pretrained
 
             state = {k.removeprefix("gen.model."): v for k, v in state.items()}
             save_pretrained(state, gen.cfg, run_dir / "model", resolve_bert_dir(tok_dir))

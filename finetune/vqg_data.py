@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import glob
 import io
 import json
 import sys
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import webdataset as wds
+from tqdm import tqdm
 
 TSV_FIELDS = ["image_id", "image_w", "image_h", "num_boxes", "boxes", "features"]
 
@@ -171,8 +174,6 @@ class TsvFeatures:
 
 def tsv_to_shards(tsv, out: str | Path, max_count: int = 2000) -> dict:
     """Bottom-up TSV -> WebDataset shards of `<id>.json` (size, boxes count), `<id>.boxes.npy`, `<id>.features.npy`."""
-    import webdataset as wds
-    from tqdm import tqdm
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -197,8 +198,6 @@ class ShardFeatures:
     """Random access to converted feature shards by image_id (tar member offsets, read on demand)."""
 
     def __init__(self, pattern: str):
-        import glob
-
         self.paths = sorted(glob.glob(pattern))
         if not self.paths:
             raise FileNotFoundError(f"{pattern}: no feature shards")

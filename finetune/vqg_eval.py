@@ -14,6 +14,11 @@ import re
 
 import numpy as np
 import torch
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+from pycocoevalcap.meteor.meteor import Meteor
+from pycocoevalcap.rouge.rouge import Rouge
+from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
 METRICS = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"]
 
@@ -25,17 +30,11 @@ def nqg_tokenize(text: str) -> str:
 def question_metrics(predictions: dict[str, str], references: dict[str, list[str]], tokenization: str = "ptb",
                      meteor: bool = True) -> dict[str, float]:
     """predictions: image -> generated question; references: image -> all its reference questions."""
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.rouge.rouge import Rouge
-
     keys = sorted(predictions)
     missing = [k for k in keys if not references.get(k)]
     if missing:
         raise ValueError(f"no reference questions for images {missing[:5]}")
     if tokenization == "ptb":
-        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
         tok = PTBTokenizer()
         res = tok.tokenize({k: [{"caption": predictions[k]}] for k in keys})
         gts = tok.tokenize({k: [{"caption": r} for r in references[k]] for k in keys})
@@ -48,8 +47,6 @@ def question_metrics(predictions: dict[str, str], references: dict[str, list[str
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     out.update({f"Bleu_{n + 1}": float(b) for n, b in enumerate(bleu)})
     if meteor:
-        from pycocoevalcap.meteor.meteor import Meteor
-
         scorer = Meteor()
         try:
             out["METEOR"] = float(scorer.compute_score(gts, res)[0])
@@ -77,6 +74,7 @@ def cosine_by_layer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def plot_xsim(curves: dict[str, list[float]], path, title: str = "Cross-modal similarity Xsim") -> None:
+    # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,6 +99,7 @@ def plot_attention(image, boxes: np.ndarray, region_weights: np.ndarray, words: 
                    word_weights: np.ndarray, question: str, path) -> None:
     """The image with each region shaded by the attention it gets, the caption's words highlighted by
     theirs (weights normalised to the largest of both), the generated question as the title."""
+    # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")

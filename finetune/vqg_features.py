@@ -21,6 +21,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from model.config import FastRCNNConfig
+from model.export import load_pretrained
+from model.fast_rcnn import FastRCNN
+from shards.caption_inputs import load_box_file
+from shards.reader import collate_captions, decode_resized
+from shards.skips import SkipLog
+
 from .vqg_data import RegionFeatures, format_tsv_line
 
 
@@ -30,11 +37,7 @@ def image_id_of(path: str) -> str:
 
 
 def build_detector(model_dir: str | None, backbone: str, weights: str | None, seed: int = 0):
-    from model.config import FastRCNNConfig
-    from model.fast_rcnn import FastRCNN
-
     if model_dir:
-        from model.export import load_pretrained
 
         return load_pretrained(model_dir).vl_bert.fast_rcnn, f"Fast R-CNN of {model_dir}"
     torch.manual_seed(seed)
@@ -46,8 +49,6 @@ def build_detector(model_dir: str | None, backbone: str, weights: str | None, se
 def extract(detector, entries: list[tuple[str, np.ndarray]], image_root: Path, out: Path, *, short_side: int,
             long_side: int, batch_size: int = 8, progress: bool = True) -> int:
     """entries: (image path relative to image_root, pixel boxes [N, 4]) -> TSV lines; returns images written."""
-
-    from shards.reader import collate_captions, decode_resized
 
     detector.eval()
     written = 0
@@ -91,8 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    from shards.caption_inputs import load_box_file
-    from shards.skips import SkipLog
 
     skips = SkipLog("images")
     boxes = load_box_file(args.boxes, skips)

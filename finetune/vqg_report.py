@@ -14,8 +14,10 @@ from pathlib import Path
 
 import torch
 
+from model.bert_gen import BertGen
 from model.config import load_config
-from model.export import is_export_dir
+from model.export import is_export_dir, load_config_dir
+from shards.tokenizer import load_tokenizer
 
 from .vqg import STEPS, VQGConfig, VQGSet, xsim
 from .vqg_data import open_features, read_coco_captions
@@ -42,9 +44,6 @@ def collect(runs: Path, split: str) -> dict[str, dict]:
 
 def random_transformer_xsim(model_dir: Path, cfg: VQGConfig, seed: int = 0) -> list[float]:
     """Xsim of the same architecture with every weight at its random initialisation."""
-    from model.bert_gen import BertGen
-    from model.export import load_config_dir
-    from shards.tokenizer import load_tokenizer
 
     torch.manual_seed(seed)
     gen = BertGen(load_config_dir(model_dir))  # the architecture only: no weights read

@@ -15,8 +15,11 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from .config import VLBertConfig, deep_merge, from_dict
+from .vl_bert import VLBertForPretraining
 
 TIED = "mlm_head.decoder.weight"
 CONFIG = "config.json"
@@ -47,7 +50,6 @@ def save_pretrained(state_dict: dict[str, torch.Tensor], cfg: VLBertConfig, path
     """image: `image_preprocessing(...)`; source: what made the weights (run directory, run id, step),
     kept in the safetensors metadata with the config's hash; architecture: the transformers class that
     loads the directory (`PRETRAINING_ARCHITECTURE` for a pretraining export)."""
-    from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -122,9 +124,6 @@ def load_image_preprocessing(path: str | Path) -> dict | None:
 def load_pretrained(path: str | Path, with_fast_rcnn: bool = True, updates: dict | None = None):
     """VLBertForPretraining with the directory's weights; every tensor of the file must have its place and
     every place its tensor (the tied decoder aside). `image_preprocessing` rides on the model."""
-    from safetensors.torch import load_file
-
-    from .vl_bert import VLBertForPretraining
 
     cfg = load_config_dir(path, updates)
     model = VLBertForPretraining(cfg, with_fast_rcnn=with_fast_rcnn)
@@ -142,7 +141,6 @@ def load_pretrained(path: str | Path, with_fast_rcnn: bool = True, updates: dict
 
 def export_metadata(path: str | Path) -> dict:
     """The safetensors metadata of an export (source run, step, config hash)."""
-    from safetensors import safe_open
 
     with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
         return dict(f.metadata() or {})

@@ -28,6 +28,8 @@ region feature does not say how large the object is.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torchvision
 from torch import nn
@@ -156,8 +158,6 @@ class FastRCNN(nn.Module):
                 "pixel_std": torch.tensor(self.cfg.pixel_std).view(1, 3, 1, 1) * 255}
 
     def load_weights(self, path: str) -> None:
-        import os
-
         if not os.path.exists(path):
             raise FileNotFoundError(f"fast_rcnn.weights: {path} not found (the demo's comes from `python -m "
                                     f"pretrain.detector --config launch/configs/detector_demo.yaml`)")

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -38,7 +40,6 @@ def cnn_flops(fast_rcnn, images: torch.Tensor, image_sizes: torch.Tensor, boxes:
 
 def measured_matmul_peak(n: int = 2048, repeats: int = 5, device: str = "cpu", dtype=torch.float32) -> float:
     """FLOP/s of a large square GEMM: the machine's practical matmul ceiling, measured in the same run."""
-    import time
 
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -13,8 +13,10 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from .config import VLBertConfig, model_config
+from .vl_bert import VLBertForPretraining
 
 
 def read_hf_config(path: str | Path) -> dict:
@@ -38,7 +40,6 @@ def config_from_hf(path: str | Path, preset: str = "base", overrides=(), updates
 def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if (path / "model.safetensors").exists():
-        from safetensors.torch import load_file
 
         state = load_file(str(path / "model.safetensors"))
     elif (path / "pytorch_model.bin").exists():
@@ -56,7 +57,6 @@ def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def load_hf_bert(model, path: str | Path) -> dict[str, list[str]]:
     """Copy a BERT checkpoint into a VLBert or VLBertForPretraining in place. Returns what was loaded
     and which of our parameters kept their initialisation."""
-    from .vl_bert import VLBertForPretraining
 
     vl_bert = model.vl_bert if isinstance(model, VLBertForPretraining) else model
     cfg = vl_bert.cfg

@@ -47,14 +47,20 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from model.boxes import box_iot, box_iou, normalise, with_whole_image
+from model.config import load_config
+from model.export import load_pretrained
+from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBertForPretraining, assemble_text
+from pretrain.features import FeatureExtractor
 from shards.caption_inputs import check_boxes, load_box_file
 from shards.flickr30k_entities import load_phrase_examples
 from shards.reader import collate_captions, decode_resized, pad_ids
 from shards.shapes_world import COLOURS
 from shards.skips import SkipLog
+from shards.tokenizer import bert_source_dir, load_tokenizer
 
 from .config import DiagnosticConfig
 from .masking import grey_of, grey_resampling_rings
@@ -388,7 +394,6 @@ class Ablator:
 def evaluate(ablator: Ablator, data: PhraseData, *, image: bool = True, sweep: list | None = None,
              tau: float = 0.5, progress: bool = True, desc: str = "ablation") -> dict[str, np.ndarray]:
     """Per-example values for every condition, aligned with `data.items` (NaN = not scored)."""
-    from tqdm import tqdm
 
     if image:
         ablator.fit_means(data.batches() if ablator.fill == "training" else
@@ -444,6 +449,7 @@ def summarise(values: np.ndarray, clusters: np.ndarray | None = None, resamples:
     """Mean and 95% interval over the scored (finite) examples: from a bootstrap that resamples whole
     clusters (images: the phrases of one image are not independent) when `clusters` is given, else the
     t-interval over examples."""
+    # lazy: scipy.stats (~0.9 s to import) only for the statistics
     from scipy import stats
 
     if clusters is not None and resamples:
@@ -464,6 +470,7 @@ def paired_test(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None = None
     """b - a over examples scored in both: the paired t-test (examples as independent), and with
     `clusters` the difference's 95% interval from the clustered bootstrap and its two-sided bootstrap p
     (twice the share of resampled mean differences on the far side of 0)."""
+    # lazy: scipy.stats (~0.9 s to import) only for the statistics
     from scipy import stats
 
     ok = np.isfinite(a) & np.isfinite(b)
@@ -553,6 +560,7 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, out: Path) -> list[Path]:
+    # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")
@@ -627,15 +635,11 @@ def feature_extractor(model: VLBertForPretraining, device="cpu"):
     """The frozen Fast R-CNN a features model (`region_input: features`) was trained on, else None."""
     if model.cfg.region_input != "features" or model.cfg.visual_embedding != "vlbert":
         return None
-    from pretrain.features import FeatureExtractor
 
     return FeatureExtractor(model.cfg.fast_rcnn, device)
 
 
 def _text_baseline(path: str) -> tuple[VLBertForPretraining, Path]:
-    from model.hf_import import config_from_hf, load_hf_bert
-    from shards.tokenizer import bert_source_dir
-
     bert_dir = bert_source_dir(path)
     model = VLBertForPretraining(config_from_hf(bert_dir, "base"), with_fast_rcnn=False)
     report = load_hf_bert(model, bert_dir)
@@ -648,10 +652,6 @@ def _text_baseline(path: str) -> tuple[VLBertForPretraining, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from model.config import load_config
-    from model.export import load_pretrained
-    from shards.tokenizer import load_tokenizer
-
     p = argparse.ArgumentParser(description="Cross-modal input ablation diagnostic (Frank et al. 2021)",
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -38,13 +38,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import normalise, scale_features
-from model.config import FastRCNNConfig
+from model.config import FastRCNNConfig, load_config
 from model.fast_rcnn import FastRCNN, size_classifier
+from pretrain.engine import to_device
 from shards.coco import read_instances, read_vocabularies
 from shards.images import ImageConfig, collate_visual, load_image
 from shards.skips import SkipLog
 
-from .engine import EngineConfig, OptimConfig, add_run_arguments, entry_point, run_overrides
+from .engine import (
+    Engine,
+    EngineConfig,
+    OptimConfig,
+    add_run_arguments,
+    entry_point,
+    init_distributed,
+    run_overrides,
+    seed_rank,
+)
 from .loaders import EpochLoader, eval_batches
 
 
@@ -239,7 +249,6 @@ def attribute_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Ten
 def evaluate(module: DetectorWarmup, data: BoxSet, batch_size: int, device) -> dict:
     """Object accuracy (argmax over the foreground classes), attribute accuracy (the top-scoring attribute
     is one of the region's) and size accuracy, each next to always answering the most frequent label."""
-    from pretrain.engine import to_device
 
     module.eval()
     obj_hits = att_hits = n = n_att = size_hits = n_size = 0
@@ -314,9 +323,6 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p, "DetectorConfig YAML (see launch/configs/detector_demo.yaml)", "epochs=2 optim.lr=5e-4")
     args = p.parse_args(argv)
-    from model.config import load_config
-
-    from .engine import Engine, init_distributed, seed_rank
 
     cfg = load_config(DetectorConfig, args.config, run_overrides(args))
     categories, attributes, sizes = read_vocabularies(cfg.train)

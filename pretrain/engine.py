@@ -18,21 +18,28 @@ ranks, so no sample of the epoch is seen twice or skipped (`Engine._resume_elast
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
 import resource
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
 import types
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 from model.config import ConfigError, deep_merge
 
@@ -198,15 +205,14 @@ def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, i
     launcher, a world of one (the engine runs on DeepSpeed either way). Returns (rank, world size).
     timeout_s (engine.dist_timeout_s): a collective that waits longer for a stuck rank raises on the ranks
     waiting, which ends the job (the launcher then stops the rest) instead of hanging it."""
-    import datetime
 
+    # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
     import deepspeed
 
     if "RANK" not in os.environ:
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
         if "MASTER_PORT" not in os.environ:
-            import socket
 
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
@@ -215,7 +221,6 @@ def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, i
     # DeepSpeed builds its own groups (data parallel, ZeRO's reductions) with new_group(), which takes torch's
     # default timeout (30 min), not the world group's: set that default too. A module global of torch
     # (2.14); where it is missing, only the world group gets the timeout.
-    import torch.distributed.distributed_c10d as c10d
 
     for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
         if isinstance(getattr(c10d, name, None), datetime.timedelta):
@@ -332,6 +337,7 @@ def initialize_deepspeed(module: torch.nn.Module, optimizer: torch.optim.Optimiz
                          optim: OptimConfig, micro_batch_size: int):
     """DeepSpeed's engine over `module` as the Engine runs it (and `bench.pretrain_step` measures it):
     (engine, optimizer, LR scheduler, FiniteGuard or None), the schedule `factor` of the step."""
+    # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
     import deepspeed
 
     guard = FiniteGuard(optimizer, optim.grad_clip) if guarded(cfg) else None
@@ -401,7 +407,6 @@ class Engine:
         # step would sync the device in the hot loop.
         self._vote_group = None
         if dist.is_initialized() and dist.get_backend() == "nccl":
-            import datetime
 
             self._vote_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
         self.step = 0
@@ -443,13 +448,10 @@ class Engine:
 
     def _open_run(self) -> None:
         if self.run_id is None:
-            import uuid
 
             self.run_id = uuid.uuid4().hex[:12]
         if _is_rank0() and self.writer is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            from torch.utils.tensorboard import SummaryWriter
-
             self.writer = SummaryWriter(str(self.run_dir / "tb"))
             (self.run_dir / "run.json").write_text(json.dumps({"run_id": self.run_id, **self.run_info}, indent=1,
                                                               default=str))
@@ -527,7 +529,6 @@ class Engine:
     def _convert_to_universal(path: Path, universal: Path) -> None:
         """DeepSpeed's ds_to_universal on one checkpoint (our client state has no Megatron-style
         universal_checkpoint_info: --inject_missing_state supplies it)."""
-        import subprocess
 
         shutil.rmtree(universal, ignore_errors=True)  # a conversion killed half-way
         print(f"converting {path} to a universal checkpoint for a new world size", flush=True)
@@ -616,7 +617,6 @@ class Engine:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = None
         if _is_rank0() and cfg.progress:
-            from tqdm import tqdm
 
             bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.progress_label, unit="step", dynamic_ncols=True)
         batches = iter(self.loader)
@@ -787,6 +787,7 @@ class Engine:
             return None
         if self.cfg.zero_stage == 0:  # no ZeRO partitions: every rank holds the whole module
             return {k: v.detach().float().cpu() for k, v in self.engine.module.state_dict().items()}
+        # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         latest = complete_checkpoints(self.ckpt_dir)[-1]

@@ -31,10 +31,13 @@ import torch
 import webdataset as wds
 from tqdm import tqdm
 
+from model.config import load_config
+from model.fast_rcnn import FastRCNN
 from shards.caption_inputs import expand_paths
 from shards.reader import CaptionDecoder, collate_captions, kept_regions
 from shards.sink import ShardSink
 from shards.skips import SkipLog
+from shards.tokenizer import resolve_bert_dir
 
 from .config import PretrainConfig, build_model_config
 
@@ -49,8 +52,6 @@ class FeatureExtractor:
     """A frozen Fast R-CNN over decoded caption samples (`CaptionDecoder` output): [N, F] per sample."""
 
     def __init__(self, fast_rcnn_cfg, device: str | torch.device = "cpu"):
-        from model.fast_rcnn import FastRCNN
-
         if not fast_rcnn_cfg.weights:
             raise ValueError("model.fast_rcnn.weights is empty: features from a randomly initialised detector "
                              "carry nothing; train one first (python -m pretrain.detector)")
@@ -112,8 +113,6 @@ def write_features(inputs: list[str], out_dir: str | Path, extractor: FeatureExt
 
 
 def main(argv: list[str] | None = None) -> int:
-    from model.config import load_config
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="PretrainConfig YAML: model.fast_rcnn is the extractor, "
@@ -131,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--input '{args.input}' matches no file")
     fast_rcnn = build_model_config(cfg).fast_rcnn
     extractor = FeatureExtractor(fast_rcnn, args.device)
-    from shards.tokenizer import resolve_bert_dir
 
     data = replace(cfg.data, tokenizer=str(resolve_bert_dir(cfg.data.tokenizer)))
     manifest = write_features(inputs, args.out, extractor, CaptionDecoder(data), batch_size=args.batch_size,

@@ -37,8 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from model.boxes import box_iou
+from model.config import load_config
+from model.export import load_pretrained
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import check_boxes, load_box_file
 from shards.flickr30k_entities import parse_annotation, parse_sentences, read_split
@@ -46,6 +49,7 @@ from shards.reader import decode_resized, pad_ids
 from shards.shapes_world import CATEGORIES as SHAPES
 from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
 from shards.skips import SkipLog
+from shards.tokenizer import load_tokenizer
 
 from .ablation import clustered_bootstrap, feature_extractor, format_interval, resolve_fill, training_means
 from .config import GroundingConfig
@@ -202,8 +206,6 @@ class GroundingEval:
 
     @torch.no_grad()
     def __call__(self, model: VLBertForPretraining, device="cpu", progress: bool = True) -> dict:
-        from tqdm import tqdm
-
         vb, cfg = model.vl_bert, model.cfg
         device = torch.device(device)
         # the cross-modal ablation's `all` condition, with its fill (HeldOutConfig.ablation_fill)
@@ -337,6 +339,7 @@ def table(summaries: dict[str, dict]) -> str:
 
 
 def plot(summaries: dict[str, dict], path: Path) -> Path:
+    # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")
@@ -366,10 +369,6 @@ def plot(summaries: dict[str, dict], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from model.config import load_config
-    from model.export import load_pretrained
-    from shards.tokenizer import load_tokenizer
-
     p = argparse.ArgumentParser(description="Grounding: masked-word accuracy per category, MRC by visibility",
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

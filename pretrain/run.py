@@ -17,13 +17,23 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from torchvision.utils import draw_bounding_boxes
 
 from model.config import deep_merge, load_config
-from model.vl_bert import real_positions
-from shards.tokenizer import bert_source_dir
+from model.export import PRETRAINING_ARCHITECTURE, image_preprocessing, load_pretrained, save_pretrained
+from model.hf_import import load_hf_bert
+from model.vl_bert import VLBertForPretraining, real_positions
+from shards.reader import StreamLoader
+from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 
+from .ablation import PeriodicDiagnostic, feature_extractor
 from .config import GroundingConfig, PretrainConfig, build_model_config
-from .engine import add_run_arguments, entry_point, run_overrides, to_device
+from .detector import DetectorConfig, drift
+from .engine import Engine, add_run_arguments, entry_point, init_distributed, run_overrides, seed_rank, to_device
+from .grounding import GroundingEval, plot, scalars, table
+from .masking import PretrainMasker
+from .tasks import VLBertPretraining
 
 # the detector vocabulary's groups and the model config fields their names fill
 REGION_WORD_GROUPS = {"classes": "region_class_words", "attributes": "region_attribute_words",
@@ -84,7 +94,6 @@ def count_batch(batch: dict) -> dict[str, float]:
 
 def draw_batch(batch: dict) -> torch.Tensor:
     """The first caption sample as the model sees it: zeroed regions filled red, other boxes green."""
-    from torchvision.utils import draw_bounding_boxes
 
     c = batch["caption"]
     h, w = c["image_sizes"][0].tolist()
@@ -104,19 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cfg = load_config(PretrainConfig, args.config, run_overrides(args))
 
-    from .engine import init_distributed, seed_rank
-
     rank, _ = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     seed_rank(cfg.engine.seed, rank)
-
-    from model.hf_import import load_hf_bert
-    from model.vl_bert import VLBertForPretraining
-    from shards.reader import StreamLoader
-    from shards.tokenizer import load_tokenizer, resolve_bert_dir
-
-    from .engine import Engine
-    from .masking import PretrainMasker
-    from .tasks import VLBertPretraining
 
     tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (bert_source_dir(cfg.bert) if cfg.bert else None)))
     cfg.data.tokenizer = tokenizer_dir
@@ -146,14 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     evaluate = None
     evaluators = []
     if cfg.diagnostic is not None and cfg.engine.eval_every:
-        from .ablation import PeriodicDiagnostic, feature_extractor
 
         diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes,
                                         feature_extractor(model))
         evaluators.append(lambda model, device: diagnostic(model, device))
     if cfg.grounding is not None and cfg.engine.eval_every and cfg.grounding_periodic_images:
-        from .ablation import feature_extractor
-        from .grounding import GroundingEval, scalars
 
         periodic = GroundingEval(replace(cfg.grounding, max_images=cfg.grounding_periodic_images), tokenizer,
                                  feature_extractor(model))
@@ -193,10 +188,6 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
     """Rank 0: the grounding measurements on the exported model, over the whole held-out split, to
     <run_dir>/grounding/, TensorBoard (grounding/*) and eval.jsonl, and printed as a table."""
     if torch.distributed.get_rank() == 0:
-        from model.export import load_pretrained
-
-        from .ablation import feature_extractor
-        from .grounding import GroundingEval, plot, scalars, table
 
         start = time.perf_counter()
         # the other ranks only wait at the barrier below: rank 0 may use every core (the launcher gave
@@ -224,9 +215,6 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
 def final_drift(engine, detector_config: str, run_dir: Path) -> None:
     """Rank 0: the exported Fast R-CNN on the warm-up's held-out boxes against the warm-up's own accuracy."""
     if torch.distributed.get_rank() == 0:
-        from safetensors.torch import load_file
-
-        from .detector import DetectorConfig, drift
 
         prefix = "vl_bert.fast_rcnn."
         state = {k.removeprefix(prefix): v for k, v in load_file(str(run_dir / "export" / "model.safetensors")).items()
@@ -253,7 +241,6 @@ def export(engine, model_cfg, out: Path, tokenizer_dir, data) -> None:
     """Consolidated fp32 weights (any ZeRO stage), with the image preprocessing and the run they came from,
     then a check that the exported directory computes what the live model computes on a batch (every rank
     joins the live forward; ZeRO-3 gathers)."""
-    from model.export import PRETRAINING_ARCHITECTURE, image_preprocessing, load_pretrained, save_pretrained
 
     state = engine.consolidated_state_dict()
     if state is not None:
@@ -267,7 +254,6 @@ def export(engine, model_cfg, out: Path, tokenizer_dir, data) -> None:
         _, live = engine.engine(to_device(probe, engine.device))
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
-        from .tasks import VLBertPretraining
 
         exported = VLBertPretraining(load_pretrained(out), engine.engine.module.losses).eval()
         with torch.no_grad():

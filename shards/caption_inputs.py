@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from braceexpand import braceexpand
 from PIL import Image
 
 from .skips import SkipLog
@@ -42,7 +43,6 @@ class CaptionRecord:
 
 def expand_paths(pattern: str) -> list[str]:
     """Comma-separated globs or brace patterns -> sorted existing paths; an empty match is an error."""
-    from braceexpand import braceexpand
 
     paths: list[str] = []
     for part in pattern.split(","):

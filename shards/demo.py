@@ -24,10 +24,12 @@ Shards under `<out>/shards/{captions-train,captions-val,text}/` with a manifest 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +150,6 @@ def write_vqg(raw: Path, seed: int, n_train: int = 1600, n_val: int = 200) -> Pa
     (`captions_train2014.json` for train images, `captions_val2014.json` for val and test, as VQG_COCO's
     val/test images come from COCO val), 5 captions per image (the first is the corpus caption). The
     test split is the corpus' held-out val images."""
-    import csv
 
     out = raw / "vqg"
     out.mkdir(parents=True, exist_ok=True)
@@ -242,7 +243,6 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
 def ensure_demo(out: str | Path = "data/demo", builder: bool = True, timeout_s: float = 1800) -> Path:
     """Build the demo corpus once when several processes start together: the builder builds, the
     others wait for its last manifest."""
-    import time
 
     out = Path(out)
     last = out / "shards" / "text" / "manifest.json"

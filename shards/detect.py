@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torchvision.models.detection import FasterRCNN
+from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 from tqdm import tqdm
 
 from model.config import load_config
@@ -56,9 +58,6 @@ def select_boxes(scores: torch.Tensor, score_threshold: float, min_boxes: int, m
 
 class RegionDetector:
     def __init__(self, cfg: DetectorConfig):
-        from torchvision.models.detection import FasterRCNN
-        from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
-
         self.cfg = cfg
         backbone = resnet_fpn_backbone(backbone_name=cfg.backbone, weights=None, trainable_layers=0)
         # Score threshold 0 and room for max_boxes: the VL-BERT rule is applied afterwards, so boxes

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from .reader import _box_scale, decode_resized, pad_images, resized_size
 
@@ -35,7 +36,6 @@ def load_image(path: Path, boxes: np.ndarray, cfg: ImageConfig, where: str, pixe
     if pixels:
         image, scale, (w, h) = decode_resized(data, cfg.short_side, cfg.long_side)
     else:
-        from PIL import Image
 
         image = None
         w, h = Image.open(io.BytesIO(data)).size  # the header only

@@ -36,8 +36,11 @@ import io
 import itertools
 import json
 import math
+import multiprocessing
+import os
 import random
 import re
+import signal
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +48,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import webdataset as wds
+from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms.v2 import functional as TF
 
 from .caption_inputs import expand_paths
 from .skips import SkipLog
@@ -94,7 +100,6 @@ def load_resized(pil, short_side: int, long_side: int) -> tuple[torch.Tensor, to
     """A PIL image -> uint8 [3, H, W] resized by `resize_scale` (0 = keep), and the [4] factor that maps
     its pixel boxes (x1, y1, x2, y2) onto the resized image. From a file or bytes, `decode_resized` is
     faster for JPEGs."""
-    from PIL import Image
 
     w, h = pil.size
     nw, nh = resized_size(w, h, short_side, long_side)
@@ -114,7 +119,6 @@ def _torchvision_jpeg():
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            from torchvision.io import decode_jpeg
     except ImportError:
         return None
     return decode_jpeg
@@ -125,7 +129,6 @@ def decode_resized(data: bytes, short_side: int, long_side: int) -> tuple[torch.
     (width, height)). JPEGs go through torchvision's libjpeg-turbo decoder and its uint8 antialiased
     resize, about 9x faster than PIL's decode + convert + resize on the demo images with the same pixels up
     to rounding; strong downscales (< 1/2) keep PIL's reduced-size DCT decode, other formats PIL."""
-    from PIL import Image
 
     pil = Image.open(io.BytesIO(data))  # reads the header only
     w, h = pil.size
@@ -135,8 +138,6 @@ def decode_resized(data: bytes, short_side: int, long_side: int) -> tuple[torch.
     if decode_jpeg is None:
         image, box_scale = load_resized(pil, short_side, long_side)
         return image, box_scale, (w, h)
-    from torchvision.io import ImageReadMode
-    from torchvision.transforms.v2 import functional as TF
 
     with warnings.catch_warnings():  # the deprecation notice comes with every call
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -710,7 +711,6 @@ def elastic_positions(states: list[dict], cfg: StreamConfig, rank: int, world_si
 def _dist_rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    import os
 
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
@@ -790,7 +790,6 @@ def ignore_stop_signals(_worker_id: int) -> None:
     """DataLoader worker_init_fn: workers leave SIGTERM/SIGINT to the training process, which stops after
     its step and then shuts them down; a scheduler signalling the whole process group must not kill them
     mid-batch. Iterate such a loader with `worker_batches`, which stops them on every way out."""
-    import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -801,7 +800,6 @@ def worker_batches(loader: DataLoader) -> Iterator:
     error: the error's traceback keeps the DataLoader's iterator alive, and at exit multiprocessing SIGTERMs
     its children and then waits on them forever, so the job hangs instead of failing. On an error (here, in
     a worker, or thrown in by the consumer) they are killed; closed or exhausted, they are shut down as usual."""
-    import multiprocessing
 
     before = {p.pid for p in multiprocessing.active_children()}
     batches = iter(loader)

@@ -46,6 +46,7 @@ def resolve_bert_dir(path: str | Path | None) -> Path:
 
 @lru_cache(maxsize=8)
 def load_tokenizer(path: str | None = None):
+    # lazy: transformers (~0.7 s to import) only where text is tokenized
     from transformers import BertTokenizerFast
 
     return BertTokenizerFast.from_pretrained(str(resolve_bert_dir(path)), local_files_only=True)

@@ -19,7 +19,10 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
+from model.config import load_config
+
 from .caption_inputs import BoxEntry, check_boxes, iter_img2dataset, iter_tsv, load_box_file, open_image
+from .detect import DetectorConfig, RegionDetector, detect_records
 from .sink import ShardSink
 from .skips import SkipLog
 
@@ -66,7 +69,6 @@ def write_caption_shards(records, out_dir: str, *, boxes: dict[str, BoxEntry] | 
 
     bar = tqdm(records, desc=f"captions -> {out_dir}", unit="img", disable=not progress)
     if detector is not None:
-        from .detect import detect_records
 
         for _key, rec, image, det in detect_records(bar, detector, skips):
             emit(rec, image, BoxEntry(det["boxes"], det["classes"].astype(np.int64), det["scores"],
@@ -117,9 +119,6 @@ def main(argv: list[str] | None = None) -> int:
         args.num_classes = args.num_classes or len(meta["class_names"])
     detector = boxes = None
     if args.detector:
-        from model.config import load_config
-
-        from .detect import DetectorConfig, RegionDetector
 
         cfg = load_config(DetectorConfig, args.detector)
         detector = RegionDetector(cfg)

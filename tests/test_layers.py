@@ -2,7 +2,8 @@
 the trainers (`pretrain/`, where the engine still lives) `model` and `shards`; `finetune` those and
 `pretrain`'s runtime; `bench` anything. Read from the source with `ast`, every import counted (at module top
 or inside a function), so a new upward import, a private name (`_x`) taken from another package, or an import
-circle between modules fails here, naming the file and line."""
+circle between modules fails here, naming the file and line. Imports sit at the module top: one inside a
+function (a heavy optional dependency) says why on the line before, `# lazy: <reason>`."""
 
 from __future__ import annotations
 
@@ -83,6 +84,24 @@ def test_no_import_circle_between_modules():
             visit(m)
 
 
+def lazy_imports_without_reason(path: Path) -> list[int]:
+    """Lines of imports inside a function with no `# lazy:` comment between the function's first line and them."""
+    lines = path.read_text().splitlines()
+    bad = []
+    for node in ast.walk(ast.parse("\n".join(lines), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)) and \
+                        not any("# lazy:" in line for line in lines[node.lineno - 1: sub.lineno]):
+                    bad.append(sub.lineno)
+    return sorted(set(bad))
+
+
+def test_imports_are_at_the_top_unless_a_reason_is_given():
+    bad = [f"{path.relative_to(ROOT)}:{line}" for _, path in sources() for line in lazy_imports_without_reason(path)]
+    assert not bad, "imports inside functions without a '# lazy: <reason>' line: " + ", ".join(bad)
+
+
 def test_the_checks_can_fail(tmp_path):
     """The parser sees what the checks need: a relative import resolved to its package, names kept."""
     pkg = tmp_path / "shards"
@@ -91,3 +110,6 @@ def test_the_checks_can_fail(tmp_path):
     f.write_text("from ..pretrain.engine import _private\nfrom .reader import thing\nimport model.config\n")
     got = list(imports(f, tmp_path))
     assert got == [(1, "pretrain.engine", ["_private"]), (2, "shards.reader", ["thing"]), (3, "model.config", [])]
+    g = pkg / "y.py"
+    g.write_text("def f():\n    import os\n\n\ndef g():\n    # lazy: heavy\n    import scipy\n")
+    assert lazy_imports_without_reason(g) == [2]
