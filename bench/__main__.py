@@ -17,7 +17,7 @@ import time
 SUITE = {
     "loader": [],
     "padding": [],
-    "pretrain_step": [],
+    "pretrain_step": ["--scaling"],
     "transformer_step": [],
     "decoding": ["--size", "mini", "--batch", "32", "--lengths", "10", "40", "--repeats", "7"],
     "zero_memory": [],
