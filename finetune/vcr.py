@@ -42,7 +42,7 @@ from torch import nn
 from model.heads import BertPredictionHeadTransform
 from pretrain.engine import entry_point, to_device
 from shards.images import collate_visual, load_image
-from shards.skips import SkipLog
+from shards.skips import SkipLog, numbered_lines
 
 from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
 
@@ -58,28 +58,22 @@ class VCRFormatError(ValueError):
 def read_vcr_jsonl(path: str | Path, need_labels: bool) -> list[dict]:
     out = []
     required = ["question", "answer_choices", "rationale_choices", "objects", "img_fn", "metadata_fn", "annot_id"]
-    try:
-        f = open(path, encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"VCR split file {path} not found") from None
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise VCRFormatError(f"{where}: not JSON ({e})") from None
-            missing = [k for k in required if k not in rec]
-            if need_labels:
-                missing += [k for k in ("answer_label", "rationale_label") if k not in rec]
-            if missing:
-                raise VCRFormatError(f"{where}: missing {missing}")
-            if len(rec["answer_choices"]) != 4 or len(rec["rationale_choices"]) != 4:
-                raise VCRFormatError(f"{where}: expected 4 answer and 4 rationale choices")
-            rec["where"] = where
-            out.append(rec)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"VCR split file {path} not found")
+    for where, line in numbered_lines(path):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise VCRFormatError(f"{where}: not JSON ({e})") from None
+        missing = [k for k in required if k not in rec]
+        if need_labels:
+            missing += [k for k in ("answer_label", "rationale_label") if k not in rec]
+        if missing:
+            raise VCRFormatError(f"{where}: missing {missing}")
+        if len(rec["answer_choices"]) != 4 or len(rec["rationale_choices"]) != 4:
+            raise VCRFormatError(f"{where}: expected 4 answer and 4 rationale choices")
+        rec["where"] = where
+        out.append(rec)
     return out
 
 

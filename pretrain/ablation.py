@@ -55,7 +55,7 @@ from model.export import load_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBertForPretraining, assemble_text
 from pretrain.features import FeatureExtractor
-from shards.caption_inputs import check_boxes, load_box_file
+from shards.caption_inputs import image_regions, load_box_file
 from shards.flickr30k_entities import load_phrase_examples
 from shards.reader import collate_captions, decode_resized, pad_ids
 from shards.shapes_world import COLOURS
@@ -147,13 +147,9 @@ class PhraseData:
         tokens: dict[tuple[str, int], tuple[list[int], list[int | None]]] = {}
         items = []
         for ex in examples:
-            entry = boxes.get(f"{ex.image_id}.jpg") or boxes.get(ex.image_id)
+            entry, problem = image_regions(boxes, ex.image_id, ex.width, ex.height)
             if entry is None:
-                self.skipped["image has no regions in the box file"] += 1
-                continue
-            entry, problem = check_boxes(entry, ex.width, ex.height)
-            if problem:
-                self.skipped[f"bad regions: {problem}"] += 1
+                self.skipped[problem] += 1
                 continue
             key = (ex.image_id, ex.sentence_index)
             if key not in tokens:

@@ -43,7 +43,7 @@ from model.boxes import box_iou
 from model.config import load_config
 from model.export import load_pretrained
 from model.vl_bert import VLBertForPretraining, assemble_text
-from shards.caption_inputs import check_boxes, load_box_file
+from shards.caption_inputs import image_regions, load_box_file
 from shards.flickr30k_entities import parse_annotation, parse_sentences, read_split
 from shards.reader import decode_resized, pad_ids
 from shards.shapes_world import CATEGORIES as SHAPES
@@ -130,14 +130,10 @@ class GroundingData:
         self.images: list[_Image] = []
         self.skipped: Counter = Counter()
         for image_id in ids[: cfg.max_images] if cfg.max_images else ids:
-            entry = boxes.get(f"{image_id}.jpg") or boxes.get(image_id)
             ann = parse_annotation(root / "Annotations" / f"{image_id}.xml")
+            entry, problem = image_regions(boxes, image_id, ann.width, ann.height)
             if entry is None:
-                self.skipped["image has no regions in the box file"] += 1
-                continue
-            entry, problem = check_boxes(entry, ann.width, ann.height)
-            if problem:
-                self.skipped[f"bad regions: {problem}"] += 1
+                self.skipped[problem] += 1
                 continue
             keep = np.argsort(-entry.scores, kind="stable")[: cfg.max_regions]
             region_boxes = torch.from_numpy(entry.boxes[keep]).float()

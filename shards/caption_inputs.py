@@ -26,7 +26,7 @@ import numpy as np
 from braceexpand import braceexpand
 from PIL import Image
 
-from .skips import SkipLog
+from .skips import SkipLog, numbered_lines
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
@@ -178,19 +178,25 @@ def parse_box_entry(obj: dict, num_classes: int | None) -> BoxEntry:
 
 def load_box_file(path: str | Path, skips: SkipLog, num_classes: int | None = None) -> dict[str, BoxEntry]:
     entries: dict[str, BoxEntry] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-                key = obj["image"]
-                entries[str(key)] = parse_box_entry(obj, num_classes)
-            except (ValueError, KeyError, TypeError) as e:
-                reason = "box file line without 'image'" if isinstance(e, KeyError) else "bad box file line"
-                skips.skip(reason, where, str(e))
+    for where, line in numbered_lines(path):
+        try:
+            obj = json.loads(line)
+            key = obj["image"]
+            entries[str(key)] = parse_box_entry(obj, num_classes)
+        except (ValueError, KeyError, TypeError) as e:
+            reason = "box file line without 'image'" if isinstance(e, KeyError) else "bad box file line"
+            skips.skip(reason, where, str(e))
     return entries
+
+
+def image_regions(boxes: dict[str, BoxEntry], image_id: str, width: int, height: int) -> tuple[BoxEntry | None, str]:
+    """An image's entry in a box file (keyed by its file name or its id), checked against the image's size:
+    (entry, "") or (None, why the image is skipped)."""
+    entry = boxes.get(f"{image_id}.jpg") or boxes.get(image_id)
+    if entry is None:
+        return None, "image has no regions in the box file"
+    entry, problem = check_boxes(entry, width, height)
+    return (None, f"bad regions: {problem}") if problem else (entry, "")
 
 
 def check_boxes(entry: BoxEntry, width: int, height: int, tolerance: float = 1.0) -> tuple[BoxEntry, str | None]:

@@ -9,8 +9,19 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+def numbered_lines(path: str | Path) -> Iterator[tuple[str, str]]:
+    """(where, line) for every non-blank line of a text file: `where` is 'path:line', what a skip or an error
+    names. A missing file raises FileNotFoundError naming it."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield f"{path}:{lineno}", line
 
 
 class CorruptDataError(RuntimeError):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from shards import write_captions, write_text
-from shards.caption_inputs import iter_img2dataset
+from shards.caption_inputs import image_regions, iter_img2dataset, load_box_file
 from shards.reader import StreamConfig, StreamLoader
+from shards.skips import SkipLog, numbered_lines
 from shards.tokenizer import load_tokenizer
 
 from .helpers import add_member, jpeg_bytes, write_tsv_corpus
@@ -158,3 +159,25 @@ def test_cli_help_and_missing_file(tmp_path, capsys):
         write_captions.main(["--tsv", str(tmp_path / "missing.tsv"), "--boxes", str(tmp_path / "b.jsonl"),
                              "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and f"--tsv {tmp_path / 'missing.tsv'}: no such file" in capsys.readouterr().err
+
+
+def test_box_file_lines_are_named_and_images_checked(tmp_path):
+    path = tmp_path / "boxes.jsonl"
+    path.write_text('{"image": "a.jpg", "boxes": [[0, 0, 10, 10]], "classes": [1], "scores": [0.9]}\n'
+                    "\n"
+                    "not json\n"
+                    '{"boxes": []}\n'
+                    '{"image": "b", "boxes": [[5, 5, 50, 50]], "classes": [2], "scores": [0.8]}\n')
+    # blank lines are skipped but still counted, so line 3 is named as line 3
+    assert [where for where, _ in numbered_lines(path)] == [f"{path}:{n}" for n in (1, 3, 4, 5)]
+    skips = SkipLog("box lines")
+    boxes = load_box_file(path, skips)
+    assert sorted(boxes) == ["a.jpg", "b"]
+    assert skips.examples == {"bad box file line": [f"{path}:3: bad box file line (Expecting value: line 1 column"
+                                                   " 1 (char 0))"],
+                              "box file line without 'image'": [f"{path}:4: box file line without 'image' ('image')"]}
+    entry, why = image_regions(boxes, "a", 20, 20)  # keyed by the file name, asked by id
+    assert why == "" and entry.boxes.tolist() == [[0, 0, 10, 10]]
+    assert image_regions(boxes, "c", 20, 20) == (None, "image has no regions in the box file")
+    entry, why = image_regions(boxes, "b", 20, 20)  # a box outside the 20 x 20 image
+    assert entry is None and why.startswith("bad regions: ")
