@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from model.bert_gen import BertGen
 from model.config import load_config
-from model.export import TIED, is_export_dir, load_config_dir, save_pretrained
+from model.export import is_export_dir, load_config_dir, load_weights, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from pretrain.engine import (
     Engine,
@@ -224,8 +224,7 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
 
 def load_bert_gen(path: str | Path) -> BertGen:
     gen = BertGen(load_config_dir(path))
-    missing, unexpected = gen.model.load_state_dict(load_file(str(Path(path) / "model.safetensors")), strict=False)
-    missing = [k for k in missing if k != TIED]
+    missing, unexpected = load_weights(gen.model, path)
     if missing or unexpected:
         raise ValueError(f"{path}: not a BERT-gen model directory (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return gen

@@ -121,17 +121,23 @@ def load_image_preprocessing(path: str | Path) -> dict | None:
     return (_config_json(Path(path)) or {}).get("image_preprocessing")
 
 
+def load_weights(module: torch.nn.Module, path: str | Path, keep=None) -> tuple[list[str], list[str]]:
+    """Load <path>/model.safetensors (the tensors whose names `keep` accepts, all by default) into `module`;
+    returns its (missing, unexpected) names. The tied MLM decoder, never saved, is not missing."""
+    state = load_file(str(Path(path) / "model.safetensors"))
+    if keep is not None:
+        state = {k: v for k, v in state.items() if keep(k)}
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    return [k for k in missing if k != TIED], list(unexpected)
+
+
 def load_pretrained(path: str | Path, with_fast_rcnn: bool = True, updates: dict | None = None):
     """VLBertForPretraining with the directory's weights; every tensor of the file must have its place and
     every place its tensor (the tied decoder aside). `image_preprocessing` rides on the model."""
 
     cfg = load_config_dir(path, updates)
     model = VLBertForPretraining(cfg, with_fast_rcnn=with_fast_rcnn)
-    state = load_file(str(Path(path) / "model.safetensors"))
-    if not with_fast_rcnn:
-        state = {k: v for k, v in state.items() if ".fast_rcnn." not in k}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != TIED]
+    missing, unexpected = load_weights(model, path, keep=None if with_fast_rcnn else lambda k: ".fast_rcnn." not in k)
     if missing or unexpected:
         raise ValueError(f"{path}/model.safetensors does not match its config: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
