@@ -261,6 +261,7 @@ class Ablator:
         self.fill = resolve_fill(self.vb, fill)
         self.region_mean: torch.Tensor | None = None
         self.whole_mean: torch.Tensor | None = None
+        self.box_mean: torch.Tensor | None = None  # `fit_box_mean`: for the all_boxes condition
 
     def _visual_kwargs(self, b: dict) -> dict:
         if "region_features" in b:
@@ -287,6 +288,20 @@ class Ablator:
             images += appearance.shape[0]
         self.region_mean = region_sum / regions
         self.whole_mean = whole_sum / images
+
+    @torch.no_grad()
+    def fit_box_mean(self, batches) -> None:
+        """The average normalised region box of `batches` (one pass, no CNN): what every region's box becomes in
+        the all_boxes condition, where the geometry (and what a model reads off it, e.g. size names) is ablated
+        with the appearance."""
+        total, count = 0.0, 0
+        for b in batches:
+            b = _to(b, self.device)
+            hw = b["image_hw"] if "image_hw" in b else b["image_sizes"]
+            boxes = normalise(b["boxes"], hw).float()
+            total = total + (boxes * b["box_mask"].unsqueeze(-1)).sum((0, 1))
+            count = count + b["box_mask"].sum()
+        self.box_mean = total / count
 
     def text(self, b: dict, ablate: str):
         """`[CLS] words [SEP]` with nothing, the phrase, or every word-piece as [MASK]."""
@@ -347,6 +362,14 @@ class Ablator:
             return self._phrase_bits(out, b)
         elif condition == "all":
             ablated, whole = b["box_mask"], True
+        elif condition == "all_boxes":  # all, and every region's box the average box (`fit_box_mean`)
+            if self.box_mean is None:
+                raise RuntimeError("the all_boxes condition needs Ablator.fit_box_mean first")
+            appearance, boxes_norm = self.visual(b, b["box_mask"], True)
+            boxes_norm = torch.cat([boxes_norm[:, :1], self.box_mean.to(boxes_norm).expand_as(boxes_norm[:, 1:])], 1)
+            out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
+                          visual_input=(appearance, boxes_norm))
+            return self._phrase_bits(out, b)
         elif condition == "grey":  # every pixel the pixel mean, boxes kept, no RoI-[MASK] token
             visual = self._visual_kwargs(b)
             if "images" not in visual:
@@ -356,8 +379,8 @@ class Ablator:
             out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], **visual)
             return self._phrase_bits(out, b)
         else:
-            raise ValueError(f"visual ablation '{condition}' is not none, object, object_masked, all, grey or "
-                             "text_only")
+            raise ValueError(f"visual ablation '{condition}' is not none, object, object_masked, all, all_boxes, "
+                             "grey or text_only")
         out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
                       visual_input=self.visual(b, ablated, whole))
         return self._phrase_bits(out, b)

@@ -23,6 +23,9 @@ Session 19: `grey` (every pixel the pixel mean, boxes kept: the control's own tr
 `ablation_fill=training|evaluation` override (what `all` fills in: the model's pretraining average, the default
 now, or the held-out images' average, the paper's); `--dump F` keeps every phrase's bits and words.
 
+Session 22: `all_boxes` (all, and every region's box the held-out regions' average box): the geometry the
+size names and the visual embedding's box term read, ablated too.
+
     python docs/grounding_demo/control_leak.py --model control=runs/demo_long_control/export \\
         [--model demo_long=runs/demo_long/export] [--variants live] [--conditions none,object,all] \\
         [--silence-below 1e-12] [--dump F] [--out docs/grounding_demo/long_s17/control_leak.md] [ablation_fill=...]
@@ -80,6 +83,8 @@ def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "
             conditions=("none", "all")) -> dict[str, np.ndarray]:
     ablator = Ablator(model, device, data.cfg.ablation_fill)
     ablator.fit_means(data.batches())
+    if "all_boxes" in conditions:
+        ablator.fit_box_mean(data.batches())
     detector = model.vl_bert.fast_rcnn
     live = (detector.object_classifier, detector.attribute_classifier)
     frozen = tuple(Frozen(c, ablator.region_mean) if c is not None else None for c in live)

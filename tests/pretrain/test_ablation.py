@@ -115,6 +115,25 @@ def test_object_ablation_replaces_exactly_the_overlapping_regions():
     torch.testing.assert_close(boxes_norm, reference)
 
 
+def test_all_boxes_ablates_the_geometry_with_the_appearance():
+    """all_boxes = all with every region's normalised box the average real box (by hand, off the model's own
+    normalised boxes): the image's boxes then no longer change the phrase's bits, as they do under all."""
+    model, b = _model(), _batch()
+    ablator = _fitted(model, b)
+    with pytest.raises(RuntimeError, match="fit_box_mean"):
+        ablator.vision_for_language(b, "all_boxes")
+    ablator.fit_box_mean([b])
+    _, boxes_norm = model.vl_bert.region_features(images=b["images"], image_sizes=b["image_sizes"],
+                                                  boxes=b["boxes"], box_mask=b["box_mask"])[:2]
+    real = boxes_norm[:, 1:][b["box_mask"]]
+    torch.testing.assert_close(ablator.box_mean, real.mean(0))
+    moved = dict(b, boxes=b["boxes"].clone())
+    moved["boxes"][:, :, 2:] = (moved["boxes"][:, :, 2:] - 3).clamp(min=moved["boxes"][:, :, :2] + 1)
+    for condition, same in (("all", False), ("all_boxes", True)):
+        a, c = ablator.vision_for_language(b, condition), ablator.vision_for_language(moved, condition)
+        assert torch.equal(a, c) == same, condition  # the same inputs give the same bits, bit for bit
+
+
 def test_whole_image_element_carries_no_ablated_information():
     model, b = _model(), _batch()
     ablator = _fitted(model, b)
