@@ -34,7 +34,8 @@ from pretrain.engine import (
 )
 from pretrain.loaders import EpochLoader
 from pretrain.loaders import eval_batches as eval_in_order
-from shards.images import SIZE_DIVISIBILITY, ImageConfig
+from shards.caption_inputs import load_box_file
+from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
 from shards.reader import pad_ids
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 
@@ -99,6 +100,25 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
     if tok is None and cfg.init == "packaged":
         tok = str(bert_source_dir("packaged"))
     return model, str(resolve_bert_dir(tok)), source
+
+
+def read_box_files(paths: str, skips) -> dict:
+    """The regions of every image in comma-separated box files, keyed by image path (bad lines counted in
+    `skips` with the task's other skips)."""
+    boxes = {}
+    for path in paths.split(","):
+        boxes.update(load_box_file(path, skips))
+    return boxes
+
+
+def box_file_images(image_cfg: ImageConfig, boxes: dict, keys: list[str], wheres: list[str], pixels: bool = True
+                    ) -> dict:
+    """A batch of images (`keys`: paths under image_cfg.root, as the box file names them) with their box file
+    regions, named in `image_keys`; `wheres` name each example in errors."""
+    out = collate_visual([load_image(Path(image_cfg.root) / key, boxes[key].boxes[: image_cfg.max_regions], image_cfg,
+                                     where, pixels) for key, where in zip(keys, wheres, strict=True)])
+    out["image_keys"] = list(keys)
+    return out
 
 
 def copy_transform(dst: torch.nn.Module, src: torch.nn.Module) -> None:

@@ -36,11 +36,18 @@ from torch import nn
 from model.heads import BertPredictionHeadTransform
 from model.vl_bert import word_table
 from pretrain.engine import entry_point, to_device
-from shards.caption_inputs import load_box_file
-from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 
-from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
+from .common import (
+    FinetuneConfig,
+    box_file_images,
+    copy_transform,
+    encode,
+    eval_batches,
+    finetune_main,
+    pad_lists,
+    read_box_files,
+)
 from .vqa_score import (
     VQAQuestion,
     accuracy_table,
@@ -109,9 +116,7 @@ class VQASet:
 
         self.skips = SkipLog("examples")
         self.cfg, self.mask_id, self.tokenizer = cfg, mask_id, tokenizer
-        boxes = {}
-        for path in cfg.data.boxes.split(","):  # bad box-file lines are counted with the other skips
-            boxes.update(load_box_file(path, self.skips))
+        boxes = read_box_files(cfg.data.boxes, self.skips)
         self.items: list[tuple[VQAQuestion, str]] = []
         self.has_answers = True
         annotated = []
@@ -155,15 +160,8 @@ class VQASet:
         return len(self.items)
 
     def batch(self, indices: list[int], pixels: bool = True) -> dict:
-        image_cfg = self.cfg.image
-        visual = []
-        for i in indices:
-            q, rel = self.items[i]
-            entry = self.boxes[rel]
-            visual.append(load_image(Path(image_cfg.root) / rel, entry.boxes[: image_cfg.max_regions], image_cfg,
-                                     f"question_id {q.question_id}", pixels))
-        out = collate_visual(visual)
-        out["image_keys"] = [self.items[i][1] for i in indices]
+        out = box_file_images(self.cfg.image, self.boxes, [self.items[i][1] for i in indices],
+                              [f"question_id {self.items[i][0].question_id}" for i in indices], pixels)
         out["a_ids"], out["a_mask"] = pad_lists([self.question_ids[i] for i in indices])
         out["b_ids"], out["b_mask"] = pad_lists([[self.mask_id] for _ in indices])
         target = torch.zeros(len(indices), len(self.answers))

@@ -1,4 +1,4 @@
-# Shared by launch/finetune_{vqa,vcr,refcoco}.sh (sourced, not run): one training/evaluation process per
+# Shared by launch/finetune_{vqa,vcr,refcoco,retrieval}.sh (sourced, not run): one training/evaluation process per
 # GPU through the deepspeed launcher, or one process on CPU.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,6 +23,14 @@ demo_init() {  # config, then the user's overrides -> extra overrides on stdout
       echo "backbone.init=packaged"
     fi
   fi
+}
+
+task_setup() {  # default config, default runs folder, then the user's overrides -> sets config, runs and extra
+  config="${CONFIG:-$1}"
+  runs="${RUNS:-$2}"
+  shift 2
+  need_config "$config"
+  mapfile -t extra < <(demo_init "$config" "$@")
 }
 
 source "$here/_signals.sh"

@@ -6,12 +6,9 @@
 # Outputs under $RUNS/<track>: metrics_<split>.json, predictions_<split>.json, model/, tb/.
 source "$(dirname "${BASH_SOURCE[0]}")/_finetune.sh"
 case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | cut -c3-; exit 0 ;; esac
-config="${CONFIG:-launch/configs/refcoco_demo.yaml}"
-runs="${RUNS:-runs/refcoco}"
 track=gt
 for arg in "$@"; do case "$arg" in track=*) track="${arg#track=}" ;; esac; done
-need_config "$config"
-mapfile -t extra < <(demo_init "$config" "$@")
+task_setup launch/configs/refcoco_demo.yaml runs/refcoco "$@"
 run_module finetune.refcoco --config "$config" engine.run_dir="$runs/$track" eval_split=val \
   ${extra[@]+"${extra[@]}"} "$@"
 for split in testA testB; do

@@ -7,12 +7,9 @@
 # Outputs: $RUNS/qa and $RUNS/qar (metrics, predictions, model/, tb/), $RUNS/q2ar_<split>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/_finetune.sh"
 case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | cut -c3-; exit 0 ;; esac
-config="${CONFIG:-launch/configs/vcr_demo.yaml}"
-runs="${RUNS:-runs/vcr}"
 split=val
 for arg in "$@"; do case "$arg" in eval_split=*) split="${arg#eval_split=}" ;; esac; done
-need_config "$config"
-mapfile -t extra < <(demo_init "$config" "$@")
+task_setup launch/configs/vcr_demo.yaml runs/vcr "$@"
 subtasks="${SUBTASKS:-qa qar}"  # one alone (SUBTASKS=qa) runs it without the Q->AR step
 for subtask in $subtasks; do
   run_module finetune.vcr --config "$config" subtask="$subtask" engine.run_dir="$runs/$subtask" \

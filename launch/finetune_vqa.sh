@@ -6,8 +6,5 @@
 # Outputs under $RUNS/demo (or engine.run_dir): metrics_<split>.json, results_<split>.json, model/, tb/.
 source "$(dirname "${BASH_SOURCE[0]}")/_finetune.sh"
 case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | cut -c3-; exit 0 ;; esac
-config="${CONFIG:-launch/configs/vqa_demo.yaml}"
-runs="${RUNS:-runs/vqa}"
-need_config "$config"
-mapfile -t extra < <(demo_init "$config" "$@")
+task_setup launch/configs/vqa_demo.yaml runs/vqa "$@"
 run_module finetune.vqa --config "$config" engine.run_dir="$runs/demo" ${extra[@]+"${extra[@]}"} "$@"

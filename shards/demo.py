@@ -15,7 +15,8 @@ Raw layout under `<out>/raw/`:
                                         cross-modal ablation diagnostic (`python -m pretrain.ablation`)
   vqg/                                  visual question generation data in VQG_COCO's format (csv per
                                         split + COCO captions JSON), for `launch/finetune_vqg.sh`
-  vqa/, vcr/, refcoco+/                 finetuning data in VQA v2's, VCR's and the refer toolkit's formats
+  vqa/, vcr/, refcoco+/, retrieval/     finetuning data in VQA v2's, VCR's, the refer toolkit's and Karpathy's
+                                        retrieval split formats
   detection/                            COCO instances + colour attributes for the detector warm-up
                                         (see shards/demo_tasks.py), for `launch/finetune_<task>.sh`
 Shards under `<out>/shards/{captions-train,captions-val,text}/` with a manifest each.
@@ -210,6 +211,8 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
             _write_vqg_split(raw, seed, n_images, n_val)
         if not (raw / "refcoco+" / "instances.json").exists():
             demo_tasks.write_all(raw, seed)
+        if not (raw / "retrieval" / "dataset_flickr30k.json").exists():  # built before retrieval existed
+            demo_tasks.write_retrieval(raw, seed)
         detection = raw / "detection" / "instances_val.json"
         if not detection.exists() or "sizes" not in json.loads(detection.read_text()):  # built before sizes
             demo_tasks.write_detection(raw)

@@ -7,6 +7,8 @@
                   per-image metadata JSON (boxes with scores, names, width, height)
   raw/refcoco+/   the refer toolkit's refs(unc).p and instances.json (COCO format, bbox x, y, w, h),
                   plus detections in MAttNet's list format (dets.json)
+  raw/retrieval/  dataset_flickr30k.json in Karpathy's split format (the Flickr30k/COCO retrieval file:
+                  images with split, filename and 5 sentences, raw and tokenised), for image-text retrieval
   raw/detection/  instances_{train,val}.json: COCO-format boxes and categories of the visible objects,
                   with Visual-Genome-style colour attributes, for the detector's supervised warm-up
                   (`python -m pretrain.detector`), as bottom-up-attention detectors are trained
@@ -295,8 +297,33 @@ def write_detection(raw: Path) -> Path:
     return out
 
 
+def write_retrieval(raw: Path, seed: int, per_image: int = 5) -> Path:
+    """Image-text retrieval data in Karpathy's `dataset_flickr30k.json` format: every image with its split
+    (the corpus' train images "train"; its held-out images "val" for the first half, "test" for the rest),
+    filename and `per_image` sentences (the corpus caption first, then new draws; each `raw` with its
+    lower-cased `tokens`), sentence ids counting over the file."""
+    out = raw / "retrieval"
+    out.mkdir(parents=True, exist_ok=True)
+    images, sentid = [], 0
+    held_out = [image for _, image, _, is_val in _scenes(raw) if is_val]
+    val = set(held_out[: len(held_out) // 2])
+    captions = {json.loads(line)["image"]: json.loads(line)["caption"] for line in open(raw / "scenes.jsonl")}
+    for image_id, image, scene, is_val in _scenes(raw):
+        rng = random.Random(seed * 9_000_011 + image_id)
+        texts = [captions[image]] + [sw.caption(scene, rng)[0] for _ in range(per_image - 1)]
+        sentences = [{"tokens": text.replace(",", " ,").split(), "raw": text, "imgid": len(images),
+                      "sentid": sentid + k} for k, text in enumerate(texts)]
+        images.append({"sentids": [s["sentid"] for s in sentences], "imgid": len(images), "sentences": sentences,
+                       "split": ("val" if image in val else "test") if is_val else "train",
+                       "filename": Path(image).name})
+        sentid += len(sentences)
+    (out / "dataset_flickr30k.json").write_text(json.dumps({"images": images, "dataset": "flickr30k"}))
+    return out
+
+
 def write_all(raw: Path, seed: int) -> None:
     write_detection(raw)
+    write_retrieval(raw, seed)
     write_vqa(raw, seed)
     write_vcr(raw, seed)
     write_refcoco(raw, seed)
