@@ -144,10 +144,10 @@ def run_scaling(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     for world, port in ((1, 29581), (2, 29582)):
         out = f"{tmp}/world{world}.json"
         mp.spawn(scaling_rank, args=(world, port, name, steps, repeats, demo_dir, out), nprocs=world)
-        times[world] = json.loads(Path(out).read_text())
+        times[str(world)] = json.loads(Path(out).read_text())  # string keys, as its JSON round trip gives
     shutil.rmtree(tmp, ignore_errors=True)
-    efficiency = {stage: statistics.median(times[1][stage]) / statistics.median(times[2][stage])
-                  for stage in times[1]}
+    efficiency = {stage: statistics.median(times["1"][stage]) / statistics.median(times["2"][stage])
+                  for stage in times["1"]}
     return {"shape": name, "seconds_per_step": times, "efficiency": efficiency}
 
 
@@ -241,6 +241,31 @@ def ensure_demo(demo_dir: str) -> None:
         build_demo(demo_dir)
 
 
+def write_scaling(scaling: list[dict], steps: int, repeats: int) -> None:
+    """The scaling section of docs/BENCHMARKS.md from `run_scaling`'s results (or their JSON)."""
+    rows = []
+    for r in scaling:
+        t = r["seconds_per_step"]
+        samples = SHAPES[r["shape"]]["captions"] + SHAPES[r["shape"]]["texts"]
+        for stage in ("2", "0"):
+            rows.append(f"| {r['shape']} | {stage} | {median_range([samples / x for x in t['1'][stage]])} | "
+                        f"{median_range([2 * samples / x for x in t['2'][stage]])} | "
+                        f"{r['efficiency'][stage]:.2f} |")
+    update_section("pretrain_scaling", f"""
+## Pretraining step: 1 rank against 2 (data-parallel scaling)
+
+`python -m bench.pretrain_step --scaling --write`: the same Engine loop as above on 1 and on 2 ranks
+(processes on this machine over gloo, one thread and one core each), each rank with its own batch of the
+shape's size; {steps} timed steps after a warm-up, {repeats} repeats; median (min-max). Weak-scaling
+efficiency = the 2 ranks' samples/s over twice the 1 rank's (1.0: the gradient exchange costs nothing).
+Machine: {machine()}.
+
+| shape | ZeRO stage | 1 rank samples/s | 2 ranks samples/s | efficiency |
+| --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
+""")
+
+
 def main(argv=None):
     p = shape_parser(__doc__)
     p.add_argument("--scaling", action="store_true", help="also 1 vs 2 ranks (one thread each): efficiency")
@@ -289,27 +314,7 @@ same batches (its share of the plain loop's step), and the transformer part = th
 {chr(10).join(rows)}
 """)
     if args.write and scaling:
-        rows = []
-        for r in scaling:
-            t = r["seconds_per_step"]
-            samples = SHAPES[r["shape"]]["captions"] + SHAPES[r["shape"]]["texts"]
-            for stage in ("2", "0"):
-                rows.append(f"| {r['shape']} | {stage} | {median_range([samples / x for x in t['1'][stage]])} | "
-                            f"{median_range([2 * samples / x for x in t['2'][stage]])} | "
-                            f"{r['efficiency'][stage]:.2f} |")
-        update_section("pretrain_scaling", f"""
-## Pretraining step: 1 rank against 2 (data-parallel scaling)
-
-`python -m bench.pretrain_step --scaling --write`: the same Engine loop as above on 1 and on 2 ranks
-(processes on this machine over gloo, one thread and one core each), each rank with its own batch of the
-shape's size; {args.steps} timed steps after a warm-up, {args.repeats} repeats; median (min-max). Weak-scaling
-efficiency = the 2 ranks' samples/s over twice the 1 rank's (1.0: the gradient exchange costs nothing).
-Machine: {machine()}.
-
-| shape | ZeRO stage | 1 rank samples/s | 2 ranks samples/s | efficiency |
-| --- | --- | --- | --- | --- |
-{chr(10).join(rows)}
-""")
+        write_scaling(scaling, args.steps, args.repeats)
     return out + scaling
 
 
