@@ -305,10 +305,11 @@ def write_retrieval(raw: Path, seed: int, per_image: int = 5) -> Path:
     out = raw / "retrieval"
     out.mkdir(parents=True, exist_ok=True)
     images, sentid = [], 0
-    held_out = [image for _, image, _, is_val in _scenes(raw) if is_val]
+    scenes = list(_scenes(raw))
+    held_out = [image for _, image, _, is_val in scenes if is_val]
     val = set(held_out[: len(held_out) // 2])
-    captions = {json.loads(line)["image"]: json.loads(line)["caption"] for line in open(raw / "scenes.jsonl")}
-    for image_id, image, scene, is_val in _scenes(raw):
+    captions = {obj["image"]: obj["caption"] for obj in map(json.loads, open(raw / "scenes.jsonl"))}
+    for image_id, image, scene, is_val in scenes:
         rng = random.Random(seed * 9_000_011 + image_id)
         texts = [captions[image]] + [sw.caption(scene, rng)[0] for _ in range(per_image - 1)]
         sentences = [{"tokens": text.replace(",", " ,").split(), "raw": text, "imgid": len(images),
