@@ -235,6 +235,12 @@ class VLBertConfig:
     region_word_alignment: float | None = None
     region_word_alignment_scale: float = 20.0  # softmax inverse temperature of that alignment
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
+    # "boxes": each region is its box. "whole_image": every region is read as the whole image (the Fast R-CNN
+    # pools the whole image for it; its geometry embedding and size names are the whole image's), so the model
+    # sees how many regions there are and nothing of where or how large: the image-ablated control's layout
+    # (`masking.ablate_image` sets it), as grey pixels are its appearance. Boxes are image content: a control
+    # that reads them names size words from them (docs/ABLATION.md, session 23).
+    region_geometry: str = "boxes"
     # "pixels": the Fast R-CNN is part of the model and trained end to end (VL-BERT); "features": the
     # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m pretrain.features`),
     # and `fast_rcnn` describes that extractor (its weights file is kept, so evaluation can rerun it)

@@ -297,6 +297,8 @@ class VLBert(nn.Module):
         self.pooler = BertPooler(cfg)
         if cfg.region_input not in ("pixels", "features"):
             raise ValueError(f"region_input: '{cfg.region_input}' is not 'pixels' or 'features'")
+        if cfg.region_geometry not in ("boxes", "whole_image"):
+            raise ValueError(f"region_geometry: '{cfg.region_geometry}' is not 'boxes' or 'whole_image'")
         end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
         self.region_words = cfg.visual_embedding == "vlbert" and any(
@@ -384,6 +386,11 @@ class VLBert(nn.Module):
                 class_logits=class_logits, region_masks=None if region_masks is None else region_masks[:rows])
             return (appearance.repeat(views, 1, 1), boxes_norm.repeat(views, 1, 1),
                     None if logits is None else logits.repeat(views, 1, 1))
+        inclusive = self.cfg.fast_rcnn.box_convention == "inclusive"
+        if self.cfg.region_geometry == "whole_image":
+            whole_box = with_whole_image(boxes[:, :0], image_sizes if region_features is None else image_hw,
+                                         inclusive=inclusive)
+            boxes = whole_box.expand_as(boxes)
         if region_features is None:
             if self.fast_rcnn is None:
                 raise ValueError("this VLBert has no Fast R-CNN: pass region_features (precomputed mode)")
@@ -405,7 +412,7 @@ class VLBert(nn.Module):
             whole = feats.sum(1, keepdim=True) / keep.sum(1, keepdim=True).clamp(min=1)
             appearance = torch.cat([whole, feats], 1)
             # the whole image's box in the boxes' own convention, as the Fast R-CNN path adds it
-            all_boxes = with_whole_image(boxes, hw, inclusive=self.cfg.fast_rcnn.box_convention == "inclusive")
+            all_boxes = with_whole_image(boxes, hw, inclusive=inclusive)
             logits = None
         return appearance, normalise(all_boxes, hw), logits
 
@@ -469,6 +476,8 @@ class VLBert(nn.Module):
                     images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
                     masked_regions=masked_regions, region_features=region_features, image_hw=image_hw,
                     class_logits=output_class_logits)
+            if cfg.region_geometry == "whole_image":  # an edited visual_input keeps no layout either
+                boxes_norm = boxes_norm[:, :1].expand_as(boxes_norm)
             # the whole-image element exists with no box at all (an image where nothing was detected): built
             # from the batch size, not from box_mask[:, :1], which is empty then
             whole = box_mask.new_ones(bsz, 1)

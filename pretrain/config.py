@@ -96,7 +96,10 @@ class PretrainConfig:
 
 def build_model_config(cfg: PretrainConfig):
     """The VLBertConfig a PretrainConfig describes: the `bert` checkpoint's sizes (or the preset's), then
-    `model` on top."""
+    `model` on top; the image-ablated control (`masking.ablate_image`) reads no boxes unless `model` says."""
+    updates = cfg.model
+    if cfg.masking.ablate_image and "region_geometry" not in updates:
+        updates = {**updates, "region_geometry": "whole_image"}
     if cfg.bert:
-        return config_from_hf(bert_source_dir(cfg.bert), cfg.model_preset, updates=cfg.model)
-    return model_config(cfg.model_preset, updates=cfg.model)
+        return config_from_hf(bert_source_dir(cfg.bert), cfg.model_preset, updates=updates)
+    return model_config(cfg.model_preset, updates=updates)

@@ -46,7 +46,9 @@ class MaskingConfig:
     word_views: int = 1
     # Control for the cross-modal ablation diagnostic: every caption image becomes a constant grey (the
     # detector's pixel mean, which normalises to 0), or with precomputed features every feature becomes
-    # 0, so the model pretrains with vision always ablated; boxes, and so region geometry, stay.
+    # 0, so the model pretrains with vision always ablated. Pretraining also reads every region as the whole
+    # image then (the model's `region_geometry: whole_image`, unless the config sets it): the boxes are the
+    # image's layout, and a control that keeps them reads size from them (docs/ABLATION.md, session 23).
     ablate_image: bool = False
 
 

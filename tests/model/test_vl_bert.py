@@ -565,6 +565,41 @@ def test_region_size_words_by_hand(tiny_cfg):
         VLBert(model_config("tiny", updates={"region_size_words": sizes}))
 
 
+def test_whole_image_geometry_reads_every_region_as_the_whole_image(tiny_model, tiny_cfg):
+    """region_geometry whole_image (the image-ablated control's layout): the outputs are those of the same
+    weights given every region the whole image's box (0, 0, w, h) by hand, so moving the boxes changes nothing,
+    also through an edited visual_input; with the default the boxes do change them (the test can fail)."""
+    cfg = model_config("tiny", updates={"region_geometry": "whole_image", "region_size_words": [[30], [31]],
+                                        "fast_rcnn": {"num_sizes": 2}})
+    torch.manual_seed(0)
+    blind = VLBertForPretraining(cfg).eval()
+    torch.manual_seed(0)
+    sighted = VLBertForPretraining(model_config("tiny", updates={"region_size_words": [[30], [31]],
+                                                                 "fast_rcnn": {"num_sizes": 2}})).eval()
+    sighted.load_state_dict(blind.state_dict())
+    batch = make_batch()
+    moved = dict(batch, boxes=batch["boxes"].clone())
+    moved["boxes"][..., 2:] = moved["boxes"][..., 2:] - 2
+    whole = dict(batch, boxes=torch.zeros_like(batch["boxes"]))
+    whole["boxes"][..., 2] = batch["image_sizes"][:, 1:].float()
+    whole["boxes"][..., 3] = batch["image_sizes"][:, :1].float()
+    with torch.no_grad():
+        out = run(blind, batch).last_hidden_state
+        torch.testing.assert_close(run(blind, moved).last_hidden_state, out, rtol=0, atol=0)
+        torch.testing.assert_close(run(sighted, whole).last_hidden_state, out)
+        assert not torch.allclose(run(sighted, batch).last_hidden_state, run(sighted, moved).last_hidden_state)
+        appearance, boxes_norm, _ = blind.vl_bert.region_features(
+            images=batch["images"], image_sizes=batch["image_sizes"], boxes=batch["boxes"], box_mask=batch["box_mask"])
+        assert torch.equal(boxes_norm, torch.tensor([0., 0, 1, 1]).expand_as(boxes_norm))
+        edited = boxes_norm.clone()
+        edited[:, 1:] = torch.rand_like(edited[:, 1:])  # what an ablation's visual_input may hand it
+        b = {k: v for k, v in batch.items() if k not in ("images", "image_sizes")}
+        again = run(blind, b, visual_input=(appearance, edited)).last_hidden_state
+        torch.testing.assert_close(again, out, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="region_geometry: 'none'"):
+        VLBert(model_config("tiny", updates={"region_geometry": "none"}))
+
+
 def test_region_words_are_checked_against_the_detector(tiny_cfg):
     with pytest.raises(ValueError, match="names 2 classes, fast_rcnn.num_classes is 9"):
         VLBert(model_config("tiny", updates={"region_class_words": [[8], [9]]}))

@@ -36,6 +36,17 @@ def test_launch_configs_load(name):
     assert model_cfg.hidden_size == {"demo": 384, "vlbert_base_cc": 768, "vlbert_large_cc": 1024}[name]
 
 
+def test_the_image_ablated_control_reads_no_boxes():
+    """masking.ablate_image greys the pixels and (unless `model` says otherwise) sets the model's region_geometry
+    to whole_image, which the export's config carries to every evaluation of the control."""
+    demo = ROOT / "launch/configs/demo.yaml"
+    assert build_model_config(load_config(PretrainConfig, demo)).region_geometry == "boxes"
+    control = load_config(PretrainConfig, demo, ["masking.ablate_image=true"])
+    assert build_model_config(control).region_geometry == "whole_image"
+    kept = load_config(PretrainConfig, demo, ["masking.ablate_image=true", "model.region_geometry=boxes"])
+    assert build_model_config(kept).region_geometry == "boxes"
+
+
 def test_ablation_sh_passes_arguments_through(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "launch/ablation.sh"), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--text-baseline" in out.stdout and "Flickr30k Entities" in out.stdout
