@@ -32,13 +32,13 @@ import torch.multiprocessing as mp
 from model.config import model_config
 from model.flops import cnn_flops, measured_matmul_peak, transformer_flops
 from model.vl_bert import VLBertForPretraining
-from pretrain.engine import Engine, EngineConfig, OptimConfig, linear_warmup_decay, param_groups
 from pretrain.masking import MaskingConfig, PretrainMasker
 from pretrain.run import count_batch
 from pretrain.tasks import LossConfig, VLBertPretraining
 from shards.demo import build_demo
 from shards.reader import StreamConfig, StreamLoader
 from shards.tokenizer import load_tokenizer
+from train.engine import Engine, EngineConfig, OptimConfig, linear_warmup_decay, param_groups
 
 from .report import machine, median_range, update_section
 

@@ -29,8 +29,8 @@ import torch
 
 from model.config import model_config
 from model.vl_bert import VLBertForPretraining
-from pretrain.engine import EngineConfig, OptimConfig, deepspeed_config, param_groups
 from pretrain.tasks import LossConfig, VLBertPretraining
+from train.engine import EngineConfig, OptimConfig, deepspeed_config, param_groups
 
 from .report import machine, update_section
 from .transformer_step import make_inputs, ours_batch

@@ -23,7 +23,11 @@ from model.config import load_config, model_config
 from model.export import image_preprocessing, is_export_dir, load_config_dir, load_pretrained, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
-from pretrain.engine import (
+from shards.caption_inputs import load_box_file
+from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
+from shards.reader import pad_ids
+from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
+from train.engine import (
     Engine,
     EngineConfig,
     OptimConfig,
@@ -32,12 +36,8 @@ from pretrain.engine import (
     run_overrides,
     seed_rank,
 )
-from pretrain.loaders import EpochLoader
-from pretrain.loaders import eval_batches as eval_in_order
-from shards.caption_inputs import load_box_file
-from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
-from shards.reader import pad_ids
-from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
+from train.loaders import EpochLoader
+from train.loaders import eval_batches as eval_in_order
 
 
 @dataclass

@@ -28,10 +28,10 @@ from PIL import Image
 
 from model.config import load_config
 from model.export import load_image_preprocessing
-from pretrain.engine import to_device
 from shards.detect import DetectorConfig, RegionDetector, pil_to_tensor
 from shards.images import ImageConfig, collate_visual, load_image
 from shards.tokenizer import load_tokenizer
+from train.engine import to_device
 
 from .common import load_task_model, pad_lists
 from .refcoco import RefTask

@@ -31,10 +31,10 @@ from torch import nn
 
 from model.boxes import box_iou
 from model.heads import BertPredictionHeadTransform
-from pretrain.engine import entry_point, to_device
 from shards.coco import CocoFormatError, read_instances, xywh_to_xyxy
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
+from train.engine import entry_point, to_device
 
 from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
 

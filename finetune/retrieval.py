@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from pretrain.ablation import clustered_bootstrap
-from pretrain.engine import entry_point, to_device
+from diagnostics.statistics import clustered_bootstrap
 from shards.skips import SkipLog
+from train.engine import entry_point, to_device
 
 from .common import (
     FinetuneConfig,

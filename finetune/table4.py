@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrain.ablation import clustered_bootstrap
+from diagnostics.statistics import clustered_bootstrap
 
 from .vqa_score import read_results, read_vqa, vqa_accuracy
 

@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.heads import BertPredictionHeadTransform
-from pretrain.engine import entry_point, to_device
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog, numbered_lines
+from train.engine import entry_point, to_device
 
 from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
 

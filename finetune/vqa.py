@@ -35,8 +35,8 @@ from torch import nn
 
 from model.heads import BertPredictionHeadTransform
 from model.vl_bert import word_table
-from pretrain.engine import entry_point, to_device
 from shards.skips import SkipLog
+from train.engine import entry_point, to_device
 
 from .common import (
     FinetuneConfig,

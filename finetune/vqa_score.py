@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrain.ablation import clustered_bootstrap
+from diagnostics.statistics import clustered_bootstrap
 from shards.skips import SkipLog
 
 # --- the official answer normalisation and accuracy (VQA evaluation code, vqaEval.py) -------------------

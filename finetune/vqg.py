@@ -39,7 +39,9 @@ from model.bert_gen import BertGen
 from model.config import load_config
 from model.export import is_export_dir, load_config_dir, load_weights, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
-from pretrain.engine import (
+from shards.reader import pad_ids
+from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
+from train.engine import (
     Engine,
     EngineConfig,
     OptimConfig,
@@ -50,9 +52,7 @@ from pretrain.engine import (
     seed_rank,
     to_device,
 )
-from pretrain.loaders import EpochLoader
-from shards.reader import pad_ids
-from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
+from train.loaders import EpochLoader
 
 from .generate import DecodeConfig, generate
 from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors

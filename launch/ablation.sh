@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Cross-modal input ablation diagnostic (pretrain/ablation.py; `--help` lists everything).
+# Cross-modal input ablation diagnostic (diagnostics/ablation.py; `--help` lists everything).
 # With no arguments: the demo's pretrained model (runs/demo/export, from `bash launch/pretrain.sh`) on
-# the demo's held-out images in Flickr30k Entities format; results under runs/demo/ablation. With arguments, they go to `python -m pretrain.ablation` as given:
+# the demo's held-out images in Flickr30k Entities format; results under runs/demo/ablation. With arguments, they go to `python -m diagnostics.ablation` as given:
 #   bash launch/ablation.sh --model vl=runs/a/export --model no-mrc=runs/b/export --text-baseline bert/ \
 #       --out runs/ablation flickr_root=flickr30k_entities images=flickr30k-images boxes=f30k_boxes.jsonl \
 #       class_names=vg_classes.json short_side=600 long_side=1000
@@ -15,4 +15,4 @@ if [ $# -eq 0 ]; then
   python -m shards.demo --out data/demo  # adds the Flickr30k-format files to a corpus built before them
   set -- --model demo=runs/demo/export --out runs/demo/ablation max_examples=400
 fi
-exec python -m pretrain.ablation "$@"
+exec python -m diagnostics.ablation "$@"

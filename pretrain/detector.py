@@ -40,12 +40,10 @@ from torch import nn
 from model.boxes import normalise, scale_features
 from model.config import FastRCNNConfig, load_config
 from model.fast_rcnn import FastRCNN, size_classifier
-from pretrain.engine import to_device
 from shards.coco import read_instances, read_vocabularies
 from shards.images import ImageConfig, collate_visual, load_image
 from shards.skips import SkipLog
-
-from .engine import (
+from train.engine import (
     Engine,
     EngineConfig,
     OptimConfig,
@@ -54,8 +52,9 @@ from .engine import (
     init_distributed,
     run_overrides,
     seed_rank,
+    to_device,
 )
-from .loaders import EpochLoader, eval_batches
+from train.loaders import EpochLoader, eval_batches
 
 
 @dataclass

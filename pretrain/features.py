@@ -32,9 +32,9 @@ import webdataset as wds
 from tqdm import tqdm
 
 from model.config import load_config
-from model.fast_rcnn import FastRCNN
 from shards.caption_inputs import expand_paths
-from shards.reader import CaptionDecoder, collate_captions, kept_regions
+from shards.reader import CaptionDecoder, kept_regions
+from shards.region_features import FeatureExtractor
 from shards.sink import ShardSink
 from shards.skips import SkipLog
 from shards.tokenizer import resolve_bert_dir
@@ -46,26 +46,6 @@ def npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
-
-
-class FeatureExtractor:
-    """A frozen Fast R-CNN over decoded caption samples (`CaptionDecoder` output): [N, F] per sample."""
-
-    def __init__(self, fast_rcnn_cfg, device: str | torch.device = "cpu"):
-        if not fast_rcnn_cfg.weights:
-            raise ValueError("model.fast_rcnn.weights is empty: features from a randomly initialised detector "
-                             "carry nothing; train one first (python -m pretrain.detector)")
-        self.device = torch.device(device)
-        self.model = FastRCNN(fast_rcnn_cfg).to(self.device).eval()
-        self.feature_size = self.model.feature_size
-
-    @torch.no_grad()
-    def __call__(self, samples: list[dict]) -> list[torch.Tensor]:
-        b = collate_captions(samples)
-        out = self.model(b["images"].to(self.device), b["image_sizes"].to(self.device), b["boxes"].to(self.device),
-                         b["box_mask"].to(self.device))
-        feats = out["appearance"][:, 1:].float().cpu()  # the whole image is recomputed by the model
-        return [feats[i, : len(s["boxes"])] for i, s in enumerate(samples)]
 
 
 def write_features(inputs: list[str], out_dir: str | Path, extractor: FeatureExtractor, decoder: CaptionDecoder, *,

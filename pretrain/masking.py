@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from model.boxes import box_iou
-from model.fast_rcnn import pixel_mask
 from model.vl_bert import assemble_text, real_positions
+from shards.images import grey_of, grey_resampling_rings
 
 IGNORE = -100
 
@@ -60,30 +60,6 @@ def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:
     if abs(words - regions) >= excess:
         return (words - excess, regions) if words > regions else (words, regions - excess)
     return limit // 2, limit - limit // 2
-
-
-def grey_of(pixel_mean) -> torch.Tensor:
-    """uint8 [1, 3, 1, 1]: the pixel mean, 0 after the detector's normalisation (up to uint8 rounding)."""
-    return (torch.as_tensor(pixel_mean, dtype=torch.float32) * 255).round().to(torch.uint8).view(1, 3, 1, 1)
-
-
-def grey_resampling_rings(images: torch.Tensor, boxes: torch.Tensor, zeroed: torch.Tensor,
-                          resize_scales: torch.Tensor | None, grey: torch.Tensor) -> torch.Tensor:
-    """The reader resized each image before any box was chosen, so a zeroed box's pixels were blended into
-    a ring around it: as wide as the resampling filter's reach, 1 pixel of the resized image when shrinking
-    (the antialiased filter spans one source pixel per output pixel) and `scale` pixels when enlarging
-    (bilinear reaches one source pixel). The model zeroes the box itself; the ring is set to `grey` (the
-    pixel mean) here, so nothing of a hidden object remains. Pretraining's masker and the evaluators'
-    hidden-region conditions both use it.
-
-    images uint8 [B, 3, H, W]; boxes [B, N, 4] pixels of the resized image; zeroed [B, N] bool; resize_scales
-    [B] (the reader's `resize_scales`; None = 1)."""
-    reach = torch.ones(images.shape[0]) if resize_scales is None else resize_scales.float().cpu().clamp(min=1.0)
-    widen = (reach.view(-1, 1, 1) * torch.tensor([-1.0, -1.0, 1.0, 1.0])).to(boxes.device)  # [B, 1, 4]
-    h, w = images.shape[-2:]
-    sizes = torch.tensor([[h, w]], device=boxes.device).expand(len(images), 2)
-    ring = pixel_mask(boxes + widen, zeroed.to(boxes.device), sizes, h, w).to(images.device)
-    return torch.where(ring.unsqueeze(1), grey.to(images.device), images)
 
 
 class PretrainMasker:

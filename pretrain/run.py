@@ -20,18 +20,20 @@ import torch
 from safetensors.torch import load_file
 from torchvision.utils import draw_bounding_boxes
 
+from diagnostics.ablation import PeriodicDiagnostic, feature_extractor
+from diagnostics.config import GroundingConfig
+from diagnostics.grounding import GroundingEval, scalars, table
+from diagnostics.plots import grounding_figure
 from model.config import deep_merge, load_config
 from model.export import PRETRAINING_ARCHITECTURE, image_preprocessing, load_pretrained, save_pretrained
 from model.hf_import import load_hf_bert
 from model.vl_bert import VLBertForPretraining, real_positions
 from shards.reader import StreamLoader
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
+from train.engine import Engine, add_run_arguments, entry_point, init_distributed, run_overrides, seed_rank, to_device
 
-from .ablation import PeriodicDiagnostic, feature_extractor
-from .config import GroundingConfig, PretrainConfig, build_model_config
+from .config import PretrainConfig, build_model_config
 from .detector import DetectorConfig, drift
-from .engine import Engine, add_run_arguments, entry_point, init_distributed, run_overrides, seed_rank, to_device
-from .grounding import GroundingEval, plot, scalars, table
 from .masking import PretrainMasker
 from .tasks import VLBertPretraining
 
@@ -204,7 +206,7 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
                                                         "models": {"export": summary}}, indent=1))
         text = table({run_dir.name: summary})
         (out / "grounding.md").write_text(text)
-        plot({run_dir.name: summary}, out / "grounding.png")
+        grounding_figure({run_dir.name: summary}, out / "grounding.png")
         engine.write_scalars({**scalars(summary), "eval/seconds": time.perf_counter() - start}, "eval.jsonl")
         torch.set_num_threads(threads)
         print(f"\ngrounding on {len(ev.data)} held-out images (step {engine.step}, "

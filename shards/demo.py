@@ -12,7 +12,7 @@ Raw layout under `<out>/raw/`:
   wiki/wiki_000.txt                     Wikipedia-style dump, articles separated by blank lines
   flickr30k_entities/                   the val images as Flickr30k Entities (Sentences/, Annotations/,
                                         val.txt) plus their region box file keyed `<id>.jpg`, for the
-                                        cross-modal ablation diagnostic (`python -m pretrain.ablation`)
+                                        cross-modal ablation diagnostic (`python -m diagnostics.ablation`)
   vqg/                                  visual question generation data in VQG_COCO's format (csv per
                                         split + COCO captions JSON), for `launch/finetune_vqg.sh`
   vqa/, vcr/, refcoco+/, retrieval/     finetuning data in VQA v2's, VCR's, the refer toolkit's and Karpathy's

@@ -1,6 +1,7 @@
 """Images and their boxes into model batches, outside the streaming reader: one image file resized by
 VL-BERT's rule with its boxes mapped onto it, and a batch of them padded as the reader pads. The finetune
-tasks, the detector warm-up and `finetune.infer` read their datasets this way."""
+tasks, the detector warm-up and `finetune.infer` read their datasets this way. And the grey that hides a masked
+region's pixels (`grey_of`, `grey_resampling_rings`), which pretraining's masker and the diagnostics share."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+
+from model.fast_rcnn import pixel_mask
 
 from .reader import _box_scale, decode_resized, pad_images, resized_size
 
@@ -67,3 +70,27 @@ def collate_visual(items: list[tuple[torch.Tensor | None, torch.Tensor]]) -> dic
         return {"boxes": boxes, "box_mask": mask}
     images, sizes = pad_images([im for im, _ in items], SIZE_DIVISIBILITY)
     return {"images": images, "image_sizes": sizes, "boxes": boxes, "box_mask": mask}
+
+
+def grey_of(pixel_mean) -> torch.Tensor:
+    """uint8 [1, 3, 1, 1]: the pixel mean, 0 after the detector's normalisation (up to uint8 rounding)."""
+    return (torch.as_tensor(pixel_mean, dtype=torch.float32) * 255).round().to(torch.uint8).view(1, 3, 1, 1)
+
+
+def grey_resampling_rings(images: torch.Tensor, boxes: torch.Tensor, zeroed: torch.Tensor,
+                          resize_scales: torch.Tensor | None, grey: torch.Tensor) -> torch.Tensor:
+    """The reader resized each image before any box was chosen, so a zeroed box's pixels were blended into
+    a ring around it: as wide as the resampling filter's reach, 1 pixel of the resized image when shrinking
+    (the antialiased filter spans one source pixel per output pixel) and `scale` pixels when enlarging
+    (bilinear reaches one source pixel). The model zeroes the box itself; the ring is set to `grey` (the
+    pixel mean) here, so nothing of a hidden object remains. Pretraining's masker and the evaluators'
+    hidden-region conditions both use it.
+
+    images uint8 [B, 3, H, W]; boxes [B, N, 4] pixels of the resized image; zeroed [B, N] bool; resize_scales
+    [B] (the reader's `resize_scales`; None = 1)."""
+    reach = torch.ones(images.shape[0]) if resize_scales is None else resize_scales.float().cpu().clamp(min=1.0)
+    widen = (reach.view(-1, 1, 1) * torch.tensor([-1.0, -1.0, 1.0, 1.0])).to(boxes.device)  # [B, 1, 4]
+    h, w = images.shape[-2:]
+    sizes = torch.tensor([[h, w]], device=boxes.device).expand(len(images), 2)
+    ring = pixel_mask(boxes + widen, zeroed.to(boxes.device), sizes, h, w).to(images.device)
+    return torch.where(ring.unsqueeze(1), grey.to(images.device), images)

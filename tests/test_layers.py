@@ -1,9 +1,10 @@
-"""The layers of docs/DESIGN: `model` imports nothing of ours; `shards` only `model`; the training runtime and
-the trainers (`pretrain/`, where the engine still lives) `model` and `shards`; `finetune` those and
-`pretrain`'s runtime; `bench` anything. Read from the source with `ast`, every import counted (at module top
-or inside a function), so a new upward import, a private name (`_x`) taken from another package, or an import
-circle between modules fails here, naming the file and line. Imports sit at the module top: one inside a
-function (a heavy optional dependency) says why on the line before, `# lazy: <reason>`."""
+"""The layers of docs/DESIGN: `model` imports nothing of ours; `shards` only `model`; the training runtime
+(`train/`) those two; the diagnostics (`diagnostics/`) those three; pretraining and finetuning those four (not
+each other: pretraining's periodic evaluation reads the diagnostics, which never import back); `bench` anything.
+Read from the source with `ast`, every import counted (at module top or inside a function), so a new upward
+import, a private name (`_x`) taken from another package, or an import circle between modules fails here, naming
+the file and line. Imports sit at the module top: one inside a function (a heavy optional dependency) says why
+on the line before, `# lazy: <reason>`."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {
     "model": set(),
     "shards": {"model"},
-    "pretrain": {"model", "shards"},
-    "finetune": {"model", "shards", "pretrain"},
-    "bench": {"model", "shards", "pretrain", "finetune"},
+    "train": {"model", "shards"},
+    "diagnostics": {"model", "shards", "train"},
+    "pretrain": {"model", "shards", "train", "diagnostics"},
+    "finetune": {"model", "shards", "train", "diagnostics"},
+    "bench": {"model", "shards", "train", "diagnostics", "pretrain", "finetune"},
 }
 
 
@@ -107,9 +110,9 @@ def test_the_checks_can_fail(tmp_path):
     pkg = tmp_path / "shards"
     pkg.mkdir()
     f = pkg / "x.py"
-    f.write_text("from ..pretrain.engine import _private\nfrom .reader import thing\nimport model.config\n")
+    f.write_text("from ..train.engine import _private\nfrom .reader import thing\nimport model.config\n")
     got = list(imports(f, tmp_path))
-    assert got == [(1, "pretrain.engine", ["_private"]), (2, "shards.reader", ["thing"]), (3, "model.config", [])]
+    assert got == [(1, "train.engine", ["_private"]), (2, "shards.reader", ["thing"]), (3, "model.config", [])]
     g = pkg / "y.py"
     g.write_text("def f():\n    import os\n\n\ndef g():\n    # lazy: heavy\n    import scipy\n")
     assert lazy_imports_without_reason(g) == [2]

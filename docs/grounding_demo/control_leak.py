@@ -45,10 +45,13 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from diagnostics.ablation import feature_extractor  # noqa: E402
+from diagnostics.conditions import Ablator  # noqa: E402
+from diagnostics.config import DiagnosticConfig  # noqa: E402
+from diagnostics.data import PhraseData  # noqa: E402
+from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
-from pretrain.ablation import Ablator, PhraseData, clustered_bootstrap, feature_extractor  # noqa: E402
-from pretrain.config import DiagnosticConfig  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
 

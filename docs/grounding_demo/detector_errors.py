@@ -25,11 +25,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, ".")
+from diagnostics.ablation import feature_extractor  # noqa: E402
+from diagnostics.config import GroundingConfig  # noqa: E402
+from diagnostics.grounding import GroundingEval  # noqa: E402
+from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 from model.boxes import box_iou  # noqa: E402
 from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
-from pretrain.ablation import clustered_bootstrap, feature_extractor  # noqa: E402
-from pretrain.grounding import GroundingConfig, GroundingEval  # noqa: E402
 from shards.flickr30k_entities import parse_annotation, parse_sentences  # noqa: E402
 from shards.shapes_world import COLOURS, Scene, ShapeObject, visible_fractions  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402

@@ -1,6 +1,6 @@
 """Which shape words does a grounded export get wrong, and does it answer with another object's shape?
 (docs/ABLATION.md, session 19). Masks every shape word of the first 100 held-out images' captions alone, as
-`pretrain.grounding` does, with the image, and prints the confusions, how many wrong answers name a shape that
+`diagnostics.grounding` does, with the image, and prints the confusions, how many wrong answers name a shape that
 the same image's captions mention (another object in the picture: a binding error), and the accuracy split by
 whether the phrase's colour (and size) single its object out in the scene.
 
@@ -16,10 +16,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
+from diagnostics.categories import COLOURS, SHAPES, SIZES  # noqa: E402
+from diagnostics.config import GroundingConfig  # noqa: E402
+from diagnostics.grounding import GroundingEval  # noqa: E402
 from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from model.vl_bert import assemble_text  # noqa: E402
-from pretrain.grounding import COLOURS, SHAPES, SIZES, GroundingConfig, GroundingEval  # noqa: E402
 from shards.flickr30k_entities import parse_sentences  # noqa: E402
 from shards.reader import pad_ids  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402

@@ -12,10 +12,11 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
+from diagnostics.ablation import feature_extractor  # noqa: E402
+from diagnostics.config import GroundingConfig  # noqa: E402
+from diagnostics.grounding import GroundingEval, table  # noqa: E402
 from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
-from pretrain.ablation import feature_extractor  # noqa: E402
-from pretrain.grounding import GroundingConfig, GroundingEval, table  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
 path = sys.argv[1]

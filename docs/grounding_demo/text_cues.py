@@ -25,10 +25,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from diagnostics.categories import CATEGORIES, NAMED_BY_SPAN  # noqa: E402
+from diagnostics.config import GroundingConfig  # noqa: E402
+from diagnostics.grounding import GroundingEval  # noqa: E402
+from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
-from pretrain.ablation import clustered_bootstrap  # noqa: E402
-from pretrain.config import GroundingConfig  # noqa: E402
-from pretrain.grounding import CATEGORIES, NAMED_BY_SPAN, GroundingEval  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pretrain.ablation import clustered_bootstrap  # noqa: E402
+from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 
 
 def hits(run: Path, split: str, own: dict[str, set[int]], k: int) -> tuple[dict, dict]:

@@ -20,9 +20,9 @@ from finetune.refcoco import RefFormatError, read_detections, read_instances, re
 from finetune.vcr import GENDER_NEUTRAL_NAMES, VCRFormatError, instance_mask, q2ar, read_vcr_jsonl, words_of
 from finetune.vqa import build_answer_vocab
 from finetune.vqa_score import normalise_answer, read_vqa, soft_score, vqa_accuracy
-from pretrain.loaders import EpochLoader
 from shards.images import ImageConfig, load_image
 from shards.skips import SkipLog
+from train.loaders import EpochLoader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -567,7 +567,7 @@ def test_vqa_split_files(tmp_path):
 
 def test_vcr_paper_schedule_sgd_with_step_decay():
     """A.2 for VCR: linear warm-up over 1,000 steps from 0, then x0.1 at each milestone."""
-    from pretrain.engine import OptimConfig, build_optimizer
+    from train.engine import OptimConfig, build_optimizer
 
     cfg = OptimConfig(optimizer="sgd", lr=5e-3, momentum=0.9, weight_decay=1e-4, warmup_steps=1000, schedule="step",
                       decay_steps=[14000, 18000], decay_factor=0.1)

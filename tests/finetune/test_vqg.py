@@ -109,7 +109,7 @@ def test_question_metrics_hand_computed():
 
 
 def test_epoch_loader_resumes_exactly():
-    from pretrain.loaders import EpochLoader
+    from train.loaders import EpochLoader
 
     class Data:
         def __len__(self):

@@ -9,17 +9,20 @@ import numpy as np
 import pytest
 import torch
 
+from diagnostics.ablation import feature_extractor
+from diagnostics.conditions import Ablator, evaluate
+from diagnostics.data import PhraseData
 from model.boxes import normalise
 from model.config import model_config
 from model.export import load_config_dir, save_pretrained
 from model.fast_rcnn import FastRCNN
 from model.vl_bert import VLBertForPretraining
-from pretrain.ablation import Ablator, PhraseData, evaluate, feature_extractor
-from pretrain.features import FeatureExtractor, write_features
+from pretrain.features import write_features
 from pretrain.masking import MaskingConfig, PretrainMasker
 from pretrain.tasks import LossConfig, VLBertPretraining
 from shards.caption_inputs import expand_paths
 from shards.reader import CaptionDecoder, StreamConfig, collate_captions
+from shards.region_features import FeatureExtractor
 from shards.tokenizer import load_tokenizer
 
 IDS = {"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103}
@@ -161,7 +164,7 @@ def test_pretraining_step_on_features_ignores_what_masked_regions_hold(feature_s
 
 
 def test_diagnostic_runs_a_features_model_on_its_extractors_features(demo_corpus, tmp_path):
-    from tests.pretrain.test_ablation import _demo_cfg
+    from tests.diagnostics.test_ablation import _demo_cfg
 
     fr = _extractor_cfg(tmp_path)
     cfg = model_config("tiny", updates={**IDS, "region_input": "features", "precomputed_feature_size": 512,

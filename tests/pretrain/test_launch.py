@@ -85,7 +85,7 @@ def test_finetune_launchers_and_configs(task):
 
 
 def test_zero_buckets_are_sized_to_the_model():
-    from pretrain.engine import EngineConfig, OptimConfig, bucket_elements, deepspeed_config
+    from train.engine import EngineConfig, OptimConfig, bucket_elements, deepspeed_config
 
     assert bucket_elements(10_000) == 1 << 20  # floor: 1M elements
     assert bucket_elements(110_000_000) == 110_000_000 // 8 // 64 * 64  # BERT-base: 13.75M, 64-aligned
@@ -102,7 +102,7 @@ def test_a_user_deepspeed_json_is_merged_key_by_key(tmp_path):
     replacing it (which dropped the stage and our bucket sizes)."""
     import json
 
-    from pretrain.engine import EngineConfig, OptimConfig, deepspeed_config
+    from train.engine import EngineConfig, OptimConfig, deepspeed_config
 
     user = tmp_path / "ds.json"
     user.write_text(json.dumps({"zero_optimization": {"overlap_comm": True, "reduce_bucket_size": 1 << 22},

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _RUN = r"""
 import json, sys
 import torch
-from pretrain.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
+from train.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
 
 args = json.loads(sys.argv[1])
 
@@ -136,7 +136,7 @@ def test_too_many_bad_steps_stop_the_job_and_skip_batches_resumes_past_them(tmp_
 def test_skip_batches_on_the_command_line_sets_engine_skip_steps():
     import argparse
 
-    from pretrain.engine import add_run_arguments, run_overrides
+    from train.engine import add_run_arguments, run_overrides
 
     p = argparse.ArgumentParser()
     add_run_arguments(p, "config", "a=1")
@@ -151,7 +151,7 @@ def test_finite_guard_skips_on_the_device_or_the_host(fused):
     """FiniteGuard alone: a fused AdamW (CPU fused kernels, as on CUDA) gets the flag as found_inf and leaves
     weights, moments and step count as they were, with no host read; an unfused one skips the call. A finite
     step equals the unguarded optimizer's."""
-    from pretrain.engine import FiniteGuard
+    from train.engine import FiniteGuard
 
     def make():
         torch.manual_seed(0)
@@ -183,7 +183,7 @@ def test_finite_guard_clips_as_torch_does_and_keeps_the_norm():
     """At ZeRO 0 in fp32 the guard clips in DeepSpeed's place: the same gradients and step as
     torch.nn.utils.clip_grad_norm_ before the optimizer, and the norm before clipping for the grad_norm metric;
     DeepSpeed's own clipping is off on that path only."""
-    from pretrain.engine import EngineConfig, FiniteGuard, OptimConfig, deepspeed_config
+    from train.engine import EngineConfig, FiniteGuard, OptimConfig, deepspeed_config
 
     def make():
         torch.manual_seed(0)

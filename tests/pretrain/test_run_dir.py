@@ -13,7 +13,7 @@ _RUN = r"""
 import json, sys
 import torch
 from model.config import ConfigError
-from pretrain.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
+from train.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
 
 class Loader:
     def __init__(self): self.i = 0

@@ -1,9 +1,9 @@
 """Grounding measurements on held-out captions: does a pretrained model read what the image shows?
 
-    python -m pretrain.grounding --model image=runs/demo/export --model control=runs/demo-noimg/export \\
+    python -m diagnostics.grounding --model image=runs/demo/export --model control=runs/demo-noimg/export \\
         --out runs/grounding [--config F] [key=value ...]
 
-Data: the held-out split in Flickr30k Entities' format (as `pretrain.ablation`), its images and box file.
+Data: the held-out split in Flickr30k Entities' format (as `diagnostics.ablation`), its images and box file.
 Two measurements, each with a 95% interval from a bootstrap that resamples images (the sentences, words
 and regions of one image are not independent):
 
@@ -45,59 +45,17 @@ from model.export import load_pretrained
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import image_regions, load_box_file
 from shards.flickr30k_entities import parse_annotation, parse_sentences, read_split
+from shards.images import grey_of, grey_resampling_rings
 from shards.reader import decode_resized, pad_ids
-from shards.shapes_world import CATEGORIES as SHAPES
-from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
 from shards.skips import SkipLog
 from shards.tokenizer import load_tokenizer
 
-from .ablation import clustered_bootstrap, feature_extractor, format_interval, resolve_fill, training_means
+from .ablation import feature_extractor
+from .categories import CHANCE, MRC_SPLITS, NAMED_BY_SPAN, REPORTED, span_naming_lengths, word_category
+from .conditions import resolve_fill, training_means
 from .config import GroundingConfig
-from .masking import grey_of, grey_resampling_rings
-
-CATEGORIES: dict[str, tuple[str, ...]] = {
-    "colour": tuple(COLOURS),
-    "shape": tuple(SHAPES),
-    # a shape word right after "covered" names an object drawn under the grey cloth: its shape is not in the
-    # image (shards.shapes_world), so no model can read it there. Scored apart, it keeps "shape" a test of
-    # vision (in the shapes world 16% of shape words are these; with them, a model that reads every visible
-    # shape right would score ~0.88)
-    "covered_shape": tuple(SHAPES),
-    "size": tuple(SIZES),
-    "relation": ("left", "right", "above", "below"),
-    "number": tuple(NUMBER_WORDS),
-}
-# A word is masked as one [MASK] per word-piece, so a name whose piece count no other name of its category has
-# is given away by its span: "hexagon" (he ##xa ##gon) is the only shape of three pieces, and a text-only model
-# names every masked hexagon (the matched control: 77 of 77 held-out ones, docs/ABLATION.md). Such words are
-# scored apart, as `named_by_span`, so that each category measures what the span does not tell.
-NAMED_BY_SPAN = "named_by_span"
-REPORTED = (*CATEGORIES, NAMED_BY_SPAN)
-CHANCE = {name: 1.0 / len(words) for name, words in CATEGORIES.items()} | {NAMED_BY_SPAN: 1.0}
-
-
-def span_naming_lengths(tokenizer) -> dict[str, set[int]]:
-    """Per category, the word-piece counts that exactly one of its names has."""
-    out = {}
-    for name, words in CATEGORIES.items():
-        lengths = [len(tokenizer.tokenize(w)) for w in words]
-        out[name] = {n for n in lengths if lengths.count(n) == 1}
-    return out
-MRC_SPLITS = ("visible", "zeroed_named", "zeroed_unnamed")
-
-
-def word_category(words: list[str], index: int) -> str | None:
-    """The category of words[index] in its sentence (None: not scored)."""
-    w = words[index].lower()
-    for name, vocab in CATEGORIES.items():
-        if name != "covered_shape" and w in vocab:
-            if name == "shape" and index > 0 and words[index - 1].lower() == "covered":
-                return "covered_shape"
-            return name
-    return None
-
-
-# --- statistics ---------------------------------------------------------------------------------------
+from .plots import grounding_figure
+from .statistics import clustered_bootstrap, format_interval
 
 # --- data ---------------------------------------------------------------------------------------------
 
@@ -334,36 +292,6 @@ def table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(summaries: dict[str, dict], path: Path) -> Path:
-    # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cats = list(REPORTED)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    series = [(name, cond) for name in summaries for cond in ("image", "ablated")]
-    width = 0.8 / max(1, len(series))
-    for i, (name, cond) in enumerate(series):
-        s = summaries[name]["words"]
-        means = [s[c][cond]["mean"] if c in s else np.nan for c in cats]
-        err = np.array([[m - s[c][cond]["ci95"][0], s[c][cond]["ci95"][1] - m] if c in s else [0, 0]
-                        for m, c in zip(means, cats)]).T
-        ax.bar(np.arange(len(cats)) + (i - (len(series) - 1) / 2) * width, means, width, yerr=err, capsize=2,
-               label=f"{name}, {cond}")
-    ax.scatter(np.arange(len(cats)), [CHANCE[c] for c in cats], marker="_", s=400, color="black", label="chance",
-               zorder=3)
-    ax.set_xticks(range(len(cats)), cats)
-    ax.set_ylabel("held-out masked-word accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Grounding: masked-word accuracy per category, MRC by visibility",
                                 epilog=__doc__.split("\n\n", 1)[1],
@@ -390,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "grounding.json").write_text(json.dumps({"config": cfg.__dict__, "models": summaries}, indent=1))
     text = table(summaries)
     (out / "grounding.md").write_text(text)
-    figure = plot(summaries, out / "grounding.png")
+    figure = grounding_figure(summaries, out / "grounding.png")
     print(text + f"\nresults: {out / 'grounding.json'}, {out / 'grounding.md'}; figure: {figure}")
     return 0
 

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain.ablation import clustered_bootstrap
+from diagnostics.categories import CATEGORIES, CHANCE, NAMED_BY_SPAN, REPORTED, span_naming_lengths, word_category
+from diagnostics.statistics import clustered_bootstrap
 from pretrain.detector import attribute_loss
-from pretrain.engine import param_groups
-from pretrain.grounding import CATEGORIES, CHANCE, NAMED_BY_SPAN, REPORTED, span_naming_lengths, word_category
+from train.engine import param_groups
 
 
 def test_clustered_bootstrap_resamples_whole_images():
@@ -106,7 +106,8 @@ def test_hidden_regions_in_the_grounding_eval_leave_nothing_of_the_object(monkey
     """The grounding evaluator's zeroed regions (MRC's zeroed splits) are hidden as pretraining hides them:
     the box zeroed by the model and the resampling ring greyed. Two images differing only inside the box give
     the same visual input once it is hidden; without the ring (the control) they do not."""
-    import pretrain.grounding as grounding
+    import diagnostics.grounding as grounding
+
     from model.config import model_config
     from model.vl_bert import VLBert
 

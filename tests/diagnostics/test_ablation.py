@@ -8,20 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from diagnostics.ablation import model_report
+from diagnostics.conditions import Ablator, evaluate
+from diagnostics.config import DiagnosticConfig
+from diagnostics.data import PhraseData, choose_targets, gold_label, regions_over
+from diagnostics.statistics import paired_test, summarise
 from model.config import model_config
 from model.vl_bert import VLBertForPretraining
-from pretrain.ablation import (
-    Ablator,
-    DiagnosticConfig,
-    PhraseData,
-    choose_targets,
-    evaluate,
-    gold_label,
-    model_report,
-    paired_test,
-    regions_over,
-    summarise,
-)
 
 GOLD = torch.tensor([[[0.0, 0, 10, 10]], [[50.0, 50, 60, 60]]])  # [B=2, K=1, 4]
 REGIONS = torch.tensor([
@@ -237,8 +230,8 @@ def test_examples_without_an_overlapping_region_are_skipped_and_counted(demo_cor
 
 
 def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path):
+    from diagnostics.ablation import main
     from model.export import save_pretrained
-    from pretrain.ablation import main
     from shards.tokenizer import packaged_bert_dir
 
     cfg = model_config("tiny", updates={"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102,
@@ -291,7 +284,7 @@ def test_object_masked_hides_the_object_as_in_training(demo_corpus):
     """The object_masked condition equals a forward with those regions hidden as pretraining's masker hides them
     (pixels zeroed, the resampling ring around them greyed, RoI-[MASK] token); it differs from the
     dataset-mean `object` condition."""
-    from pretrain.masking import grey_of, grey_resampling_rings
+    from shards.images import grey_of, grey_resampling_rings
     from shards.tokenizer import load_tokenizer
 
     data = PhraseData(_demo_cfg(demo_corpus, max_examples=6), load_tokenizer(None), 9)
@@ -354,7 +347,7 @@ def test_training_fill_is_the_models_own_pretraining_average():
 def test_grey_condition_is_the_image_at_the_pixel_mean():
     """`grey` sets every pixel to the pixel mean and keeps the boxes: on an image already grey it equals
     `none`; on a real image it differs; a precomputed-features batch is refused."""
-    from pretrain.masking import grey_of
+    from shards.images import grey_of
 
     model, b = _model(), _batch()
     ablator = _fitted(model, b)

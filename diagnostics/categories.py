@@ -1,0 +1,54 @@
+"""The shapes world's word categories the grounding tables score (colour, shape, covered shape, size, relation,
+number), each one's chance, and the masked-region classification splits."""
+
+from __future__ import annotations
+
+from shards.shapes_world import CATEGORIES as SHAPES
+from shards.shapes_world import COLOURS, NUMBER_WORDS, SIZES
+
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "colour": tuple(COLOURS),
+    "shape": tuple(SHAPES),
+    # a shape word right after "covered" names an object drawn under the grey cloth: its shape is not in the
+    # image (shards.shapes_world), so no model can read it there. Scored apart, it keeps "shape" a test of
+    # vision (in the shapes world 16% of shape words are these; with them, a model that reads every visible
+    # shape right would score ~0.88)
+    "covered_shape": tuple(SHAPES),
+    "size": tuple(SIZES),
+    "relation": ("left", "right", "above", "below"),
+    "number": tuple(NUMBER_WORDS),
+}
+
+
+# A word is masked as one [MASK] per word-piece, so a name whose piece count no other name of its category has
+# is given away by its span: "hexagon" (he ##xa ##gon) is the only shape of three pieces, and a text-only model
+# names every masked hexagon (the matched control: 77 of 77 held-out ones, docs/ABLATION.md). Such words are
+# scored apart, as `named_by_span`, so that each category measures what the span does not tell.
+NAMED_BY_SPAN = "named_by_span"
+
+REPORTED = (*CATEGORIES, NAMED_BY_SPAN)
+
+CHANCE = {name: 1.0 / len(words) for name, words in CATEGORIES.items()} | {NAMED_BY_SPAN: 1.0}
+
+
+def span_naming_lengths(tokenizer) -> dict[str, set[int]]:
+    """Per category, the word-piece counts that exactly one of its names has."""
+    out = {}
+    for name, words in CATEGORIES.items():
+        lengths = [len(tokenizer.tokenize(w)) for w in words]
+        out[name] = {n for n in lengths if lengths.count(n) == 1}
+    return out
+
+
+MRC_SPLITS = ("visible", "zeroed_named", "zeroed_unnamed")
+
+
+def word_category(words: list[str], index: int) -> str | None:
+    """The category of words[index] in its sentence (None: not scored)."""
+    w = words[index].lower()
+    for name, vocab in CATEGORIES.items():
+        if name != "covered_shape" and w in vocab:
+            if name == "shape" and index > 0 and words[index - 1].lower() == "covered":
+                return "covered_shape"
+            return name
+    return None

@@ -1,0 +1,45 @@
+"""The diagnostics' configuration: the held-out images they read and how, for the cross-modal ablation
+(`DiagnosticConfig`) and the grounding tables (`GroundingConfig`). Pretraining's config holds one of each for
+its periodic evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class HeldOutConfig:
+    """Held-out images with sentences in Flickr30k Entities' format, as the diagnostics read them."""
+    flickr_root: str = "data/demo/raw/flickr30k_entities"  # Sentences/, Annotations/, <split>.txt
+    split: str = "val"
+    images: str = "data/demo/raw/images"  # <image_id>.jpg
+    boxes: str = "data/demo/raw/flickr30k_entities/boxes_val.jsonl"  # regions, keyed <image_id>.jpg
+    short_side: int = 128  # image resizing as the model was trained (the paper's setting: 600 / 1000)
+    long_side: int = 192
+    max_regions: int = 100  # highest-scoring regions kept per image
+    seed: int = 0
+    bootstrap: int = 2000  # resamples of images for the clustered intervals (0 = t-intervals over examples)
+    # what an ablated region or whole image becomes: "training", the average of the model's own pretraining
+    # features (its appearance standardisers keep it; a model without them falls back to the next, and says
+    # so), or "evaluation", the average over these held-out images (the cross-modal ablation paper's choice).
+    # Both keep the input in distribution for a model pretrained on images like these; only "training" does
+    # for the image-ablated control (docs/ABLATION.md, session 19)
+    ablation_fill: str = "training"
+
+
+@dataclass
+class DiagnosticConfig(HeldOutConfig):
+    class_names: str | None = "data/demo/raw/class_names.json"  # detector classes, for gold labels
+    tau: float = 0.5  # IoT threshold of Object ablation and of co-masking around the MRC target
+    sweep: list = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # taus of the Figure 3 sweep
+    max_words: int = 100  # word-pieces per sentence; longer sentences are skipped and counted
+    batch_size: int = 16
+    max_examples: int | None = None  # a seeded random subset of the examples (None = all)
+    # which of the phrase's words are masked and scored: "all" (the paper), or "colour" (only its colour
+    # words; phrases without one are left out and counted): in the shapes world those come only from the image
+    phrase_words: str = "all"
+
+
+@dataclass
+class GroundingConfig(HeldOutConfig):
+    max_images: int | None = None  # the first N images of the split (None = all)
