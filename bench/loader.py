@@ -22,8 +22,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from shards.caption_inputs import load_box_file
+from shards.collate import collate_captions
+from shards.decode import resize_scale
 from shards.demo import build_demo
-from shards.reader import StreamConfig, StreamLoader, collate_captions, resize_scale
+from shards.reader import StreamConfig, StreamLoader
 from shards.skips import SkipLog
 from shards.tokenizer import load_tokenizer
 

@@ -1,6 +1,6 @@
 """Padded transformer positions in pretraining batches, without and with length-aware batching.
 
-Two streams, each batched as the reader batches them (`shards.reader.length_groups`, the same code):
+Two streams, each batched as the reader batches them (`shards.batching.length_groups`, the same code):
 - the demo corpus through the real reader (`StreamLoader`, decoding included), per-rank batches of the
   demo config;
 - paper-scale lengths: caption samples with CC-like caption lengths (word-pieces ~ lognormal around 13,
@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from pretrain.run import count_batch
-from shards.reader import StreamConfig, StreamLoader, length_groups
+from shards.batching import length_groups
+from shards.reader import StreamConfig, StreamLoader
 
 from .report import machine, update_section
 

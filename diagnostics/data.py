@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from model.boxes import box_iot, box_iou
 from shards.caption_inputs import image_regions, load_box_file
+from shards.collate import collate_captions, pad_ids
+from shards.decode import decode_resized
 from shards.flickr30k_entities import load_phrase_examples
-from shards.reader import collate_captions, decode_resized, pad_ids
 from shards.shapes_world import COLOURS
 from shards.skips import SkipLog
 

@@ -44,9 +44,10 @@ from model.config import load_config
 from model.export import load_pretrained
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import image_regions, load_box_file
+from shards.collate import pad_ids
+from shards.decode import decode_resized
 from shards.flickr30k_entities import parse_annotation, parse_sentences, read_split
 from shards.images import grey_of, grey_resampling_rings
-from shards.reader import decode_resized, pad_ids
 from shards.skips import SkipLog
 from shards.tokenizer import load_tokenizer
 

@@ -24,8 +24,8 @@ from model.export import image_preprocessing, is_export_dir, load_config_dir, lo
 from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
 from shards.caption_inputs import load_box_file
+from shards.collate import pad_ids
 from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
-from shards.reader import pad_ids
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import (
     Engine,

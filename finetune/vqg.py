@@ -39,7 +39,7 @@ from model.bert_gen import BertGen
 from model.config import load_config
 from model.export import is_export_dir, load_config_dir, load_weights, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
-from shards.reader import pad_ids
+from shards.collate import pad_ids
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import (
     Engine,

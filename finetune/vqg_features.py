@@ -25,7 +25,8 @@ from model.config import FastRCNNConfig
 from model.export import load_pretrained
 from model.fast_rcnn import FastRCNN
 from shards.caption_inputs import load_box_file
-from shards.reader import collate_captions, decode_resized
+from shards.collate import collate_captions
+from shards.decode import decode_resized
 from shards.skips import SkipLog
 
 from .vqg_data import RegionFeatures, format_tsv_line

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from model.config import load_config
 from shards.caption_inputs import expand_paths
-from shards.reader import CaptionDecoder, kept_regions
+from shards.decode import CaptionDecoder, kept_regions
 from shards.region_features import FeatureExtractor
 from shards.sink import ShardSink
 from shards.skips import SkipLog

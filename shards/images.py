@@ -15,7 +15,8 @@ from PIL import Image
 
 from model.fast_rcnn import pixel_mask
 
-from .reader import _box_scale, decode_resized, pad_images, resized_size
+from .collate import pad_images
+from .decode import _box_scale, decode_resized, resized_size
 
 
 @dataclass

@@ -7,7 +7,7 @@ import torch
 
 from model.fast_rcnn import FastRCNN
 
-from .reader import collate_captions
+from .collate import collate_captions
 
 
 class FeatureExtractor:

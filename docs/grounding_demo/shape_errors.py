@@ -22,8 +22,8 @@ from diagnostics.grounding import GroundingEval  # noqa: E402
 from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from model.vl_bert import assemble_text  # noqa: E402
+from shards.collate import pad_ids  # noqa: E402
 from shards.flickr30k_entities import parse_sentences  # noqa: E402
-from shards.reader import pad_ids  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
 

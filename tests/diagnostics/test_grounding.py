@@ -86,7 +86,7 @@ def _two_images_differing_inside_a_box():
     import numpy as np
     from PIL import Image
 
-    from shards.reader import decode_resized
+    from shards.decode import decode_resized
 
     rng = np.random.default_rng(0)
     background = rng.integers(0, 256, (150, 200, 3), dtype=np.uint8)
@@ -107,7 +107,6 @@ def test_hidden_regions_in_the_grounding_eval_leave_nothing_of_the_object(monkey
     the box zeroed by the model and the resampling ring greyed. Two images differing only inside the box give
     the same visual input once it is hidden; without the ring (the control) they do not."""
     import diagnostics.grounding as grounding
-
     from model.config import model_config
     from model.vl_bert import VLBert
 

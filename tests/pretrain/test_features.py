@@ -21,7 +21,9 @@ from pretrain.features import write_features
 from pretrain.masking import MaskingConfig, PretrainMasker
 from pretrain.tasks import LossConfig, VLBertPretraining
 from shards.caption_inputs import expand_paths
-from shards.reader import CaptionDecoder, StreamConfig, collate_captions
+from shards.collate import collate_captions
+from shards.decode import CaptionDecoder
+from shards.reader import StreamConfig
 from shards.region_features import FeatureExtractor
 from shards.tokenizer import load_tokenizer
 

@@ -201,7 +201,8 @@ def test_a_zeroed_box_leaves_nothing_of_its_object_after_resizing():
 
     from model.config import FastRCNNConfig
     from model.fast_rcnn import FastRCNN
-    from shards.reader import collate_captions, decode_resized
+    from shards.collate import collate_captions
+    from shards.decode import decode_resized
 
     rng = np.random.default_rng(0)
     background = rng.integers(0, 256, (150, 200, 3), dtype=np.uint8)

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shards.reader import StreamConfig, StreamLoader, collate_captions, resize_scale
+from shards.collate import collate_captions
+from shards.decode import resize_scale
+from shards.reader import StreamConfig, StreamLoader
 from shards.skips import CorruptDataError
 
 from .helpers import jpeg_bytes, write_caption_shard, write_text_shard
@@ -176,7 +178,7 @@ def test_collation_pads_and_masks():
 def test_length_groups_by_hand():
     import random
 
-    from shards.reader import length_groups
+    from shards.batching import length_groups
 
     groups = length_groups([5, 1, 9, 3, 7, 2], 2, random.Random(0))
     assert sorted(groups) == [[1, 5], [3, 0], [4, 2]]  # neighbours by length: (1, 2), (3, 5), (7, 9)
@@ -192,7 +194,7 @@ def test_length_groups_by_hand():
 
 
 def test_caption_sort_key_puts_orientation_first():
-    from shards.reader import caption_length
+    from shards.decode import caption_length
 
     words, boxes = torch.zeros(7), torch.zeros(3, 4)
     assert caption_length({"image": torch.zeros(3, 90, 60), "boxes": boxes, "input_ids": words}) == (1, 3, 7)
@@ -309,7 +311,7 @@ def test_fast_jpeg_path_matches_pil(size, short, long):
     import numpy as np
     from PIL import Image
 
-    from shards.reader import decode_resized, load_resized
+    from shards.decode import decode_resized, load_resized
 
     rng = np.random.default_rng(0)
     smooth = np.kron(rng.integers(0, 255, (size[1] // 8 + 1, size[0] // 8 + 1, 3)), np.ones((8, 8, 1)))
