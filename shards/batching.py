@@ -2,7 +2,6 @@
 it into batches of neighbours and hands those out in a seeded random order; its position is the pool's start
 plus the batches of it already delivered. Every sample is seen once per epoch; only padding shrinks."""
 
-
 from __future__ import annotations
 
 import itertools

@@ -1,7 +1,6 @@
 """Collation: samples -> padded batch tensors (word-pieces with their attention mask, images padded to a
 multiple of the backbone's stride with their real sizes, boxes with their mask)."""
 
-
 from __future__ import annotations
 
 import math

@@ -3,7 +3,6 @@
 highest-scoring regions and tokenises its caption; a text sample is its stored word-pieces. Plain functions of
 one record, so the reader applies them after its (record-level) shuffle and resume never decodes anything twice."""
 
-
 from __future__ import annotations
 
 import functools

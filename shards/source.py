@@ -4,7 +4,6 @@ shards, a seeded shuffle buffer of undecoded records, and a position that names 
 stream stands at plus the buffered records' (shard, member), so a resume reads only the shards in flight.
 `Residual`: what the roles of another world size left of an epoch, dealt over the new roles (elastic resume)."""
 
-
 from __future__ import annotations
 
 import random

@@ -1,7 +1,6 @@
 """What the streaming reader reads and how: shards, batch sizes, image resizing, shuffling, length
 buckets, workers, epochs (`StreamConfig`, the `data` block of a pretraining config)."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass
