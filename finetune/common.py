@@ -9,7 +9,6 @@ its head's vocabulary, its input settings) and the tokenizer, so `finetune.infer
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -19,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from model.config import load_config, model_config
+from model.config import model_config
 from model.export import image_preprocessing, is_export_dir, load_config_dir, load_pretrained, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
@@ -28,16 +27,12 @@ from shards.collate import pad_ids
 from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import (
-    Engine,
     EngineConfig,
     OptimConfig,
-    add_run_arguments,
-    init_distributed,
-    run_overrides,
-    seed_rank,
 )
 from train.loaders import EpochLoader
 from train.loaders import eval_batches as eval_in_order
+from train.run import Training, run
 
 
 @dataclass
@@ -294,35 +289,42 @@ def load_task_model(path: str | Path, build):
 
 # --- one main for every task ---------------------------------------------------------------------------------
 
-def finetune_main(spec, argv: list[str] | None) -> int:
-    """The train-then-evaluate flow of every task. `spec` provides: name, config_cls, doc,
+class FinetuneTask:
+    """A finetune task as a `train.run.Task`. `spec` (one module per task) provides: name, config_cls, doc,
     dataset(cfg, tokenizer, task_info, train) -> the training set (task_info None) or cfg.eval_split's,
     build_module(pretrained, cfg, train_set) -> (module, task_info), rebuild(vl_bert, task_info) -> module,
     evaluate(module, eval_set, cfg, run_dir, device) -> metrics dict, summary(metrics) -> str."""
-    p = argparse.ArgumentParser(description=f"VL-BERT finetuning: {spec.name}", epilog=spec.doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p, f"{spec.config_cls.__name__} YAML (see launch/configs/{spec.name}_*.yaml)",
-                      "epochs=2 optim.lr=1e-4")
-    p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
-    args = p.parse_args(argv)
 
-    cfg = load_config(spec.config_cls, args.config, run_overrides(args))
+    def __init__(self, spec):
+        self.spec = spec
+        self.description = f"VL-BERT finetuning: {spec.name}"
+        self.doc = spec.doc
+        self.config_cls = spec.config_cls
+        self.config_help = f"{spec.config_cls.__name__} YAML (see launch/configs/{spec.name}_*.yaml)"
+        self.overrides_example = "epochs=2 optim.lr=1e-4"
 
-    rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    seed_rank(cfg.seed, rank)
-    run_dir = Path(cfg.engine.run_dir)
-    if args.eval_only:
-        module, info = load_task_model(run_dir / "model", spec.rebuild)
-        tokenizer = load_tokenizer(str(run_dir / "model"))
-    else:
-        pretrained, tok_dir, source = build_pretrained(cfg.backbone)
-        tokenizer = load_tokenizer(tok_dir)
-        train = spec.dataset(cfg, tokenizer, None, train=True)
-        module, info = spec.build_module(pretrained, cfg, train)
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
+
+    def seed(self, cfg) -> int:
+        return cfg.seed
+
+    def device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def build(self, cfg, args, rank: int, world: int) -> Training | None:
+        spec, run_dir = self.spec, Path(cfg.engine.run_dir)
+        if args.eval_only:
+            self.module, self.info = load_task_model(run_dir / "model", spec.rebuild)
+            self.tokenizer = load_tokenizer(str(run_dir / "model"))
+            return None
+        pretrained, self.tok_dir, source = build_pretrained(cfg.backbone)
+        self.tokenizer = load_tokenizer(self.tok_dir)
+        train = spec.dataset(cfg, self.tokenizer, None, train=True)
+        module, self.info = spec.build_module(pretrained, cfg, train)
         if cfg.detector == "frozen":
             freeze_detector(module.vl_bert)
-            train = RegionFeatureCache(train, module.vl_bert.to(device), cfg.eval_batch_size, device,
+            train = RegionFeatureCache(train, module.vl_bert.to(self.device()), cfg.eval_batch_size, self.device(),
                                        "training images")
             module.train()
         elif cfg.detector != "train":
@@ -335,28 +337,36 @@ def finetune_main(spec, argv: list[str] | None) -> int:
             cfg.optim.warmup_steps = int(cfg.warmup_fraction * cfg.engine.steps)
         if cfg.decay_epochs:
             cfg.optim.decay_steps = [int(e * steps_per_epoch) for e in cfg.decay_epochs]
-        record = {"task": spec.name, "init": source, "train_examples": len(train), "steps": cfg.engine.steps,
-                  "skipped": dict(train.skips.reasons)}
+        self.record = {"task": spec.name, "init": source, "train_examples": len(train), "steps": cfg.engine.steps,
+                       "skipped": dict(train.skips.reasons)}
         if rank == 0:
             print(f"{spec.name}: from {source}; {len(train)} training examples "
                   f"({dict(train.skips.reasons) or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
         cfg.engine.progress_label = spec.name
-        engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=count_batch,
-                        run_info={"config": asdict(cfg), "finetune": record})
-        engine.train(resume=args.resume, overwrite=args.overwrite)
-        state = engine.consolidated_state_dict()
+        self.module = module
+        return Training(module, loader, micro, count_batch=count_batch,
+                        run_info={"config": asdict(cfg), "finetune": self.record})
+
+    def finish(self, engine, last: dict, cfg, args, rank: int) -> None:
+        spec, run_dir, device = self.spec, Path(cfg.engine.run_dir), self.device()
+        module, info = self.module, self.info
+        if engine is not None:
+            state = engine.consolidated_state_dict()
+            if rank == 0:
+                info = dict(info, record=self.record)
+                save_task_model(module, state, run_dir / "model", self.tok_dir, info)
+                module, info = load_task_model(run_dir / "model", spec.rebuild)  # evaluate what was saved
         if rank == 0:
-            info = dict(info, record=record)
-            save_task_model(module, state, run_dir / "model", tok_dir, info)
-            module, info = load_task_model(run_dir / "model", spec.rebuild)  # evaluate what was saved
-    if rank == 0:
-        data = spec.dataset(cfg, tokenizer, info, train=False)
-        if cfg.detector == "frozen":
-            data = RegionFeatureCache(data, module.vl_bert.to(device), cfg.eval_batch_size, device,
-                                      f"{cfg.eval_split} images")
-        metrics = spec.evaluate(module.to(device), data, cfg, run_dir, device)
-        metrics["skipped"] = data.skips.as_dict()["skipped"]
-        (run_dir / f"metrics_{cfg.eval_split}.json").write_text(json.dumps(metrics, indent=1))
-        print(f"{spec.name} on {cfg.eval_split}: {spec.summary(metrics)}\noutputs: {run_dir}", flush=True)
-    torch.distributed.barrier()
-    return 0
+            data = spec.dataset(cfg, self.tokenizer, info, train=False)
+            if cfg.detector == "frozen":
+                data = RegionFeatureCache(data, module.vl_bert.to(device), cfg.eval_batch_size, device,
+                                          f"{cfg.eval_split} images")
+            metrics = spec.evaluate(module.to(device), data, cfg, run_dir, device)
+            metrics["skipped"] = data.skips.as_dict()["skipped"]
+            (run_dir / f"metrics_{cfg.eval_split}.json").write_text(json.dumps(metrics, indent=1))
+            print(f"{spec.name} on {cfg.eval_split}: {spec.summary(metrics)}\noutputs: {run_dir}", flush=True)
+
+
+def finetune_main(spec, argv: list[str] | None) -> int:
+    """The train-then-evaluate flow of every task (`train.run.run` over `FinetuneTask(spec)`)."""
+    return run(FinetuneTask(spec), argv)

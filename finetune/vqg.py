@@ -21,7 +21,6 @@ Outputs under engine.run_dir: TensorBoard, checkpoints, `model/` (weights + conf
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -36,23 +35,18 @@ from torch import nn
 from tqdm import tqdm
 
 from model.bert_gen import BertGen
-from model.config import load_config
 from model.export import is_export_dir, load_config_dir, load_weights, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from shards.collate import pad_ids
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import (
-    Engine,
     EngineConfig,
     OptimConfig,
-    add_run_arguments,
     entry_point,
-    init_distributed,
-    run_overrides,
-    seed_rank,
     to_device,
 )
 from train.loaders import EpochLoader
+from train.run import Training, run
 
 from .generate import DecodeConfig, generate
 from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
@@ -328,37 +322,45 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
 
 # --- main ---------------------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="BERT-gen visual question generation (one step of the protocol)",
-                                epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p, "VQGConfig YAML (see launch/configs/vqg_*.yaml)", "step=step2 inputs=image epochs=2")
-    p.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
-    args = p.parse_args(argv)
-    cfg = load_config(VQGConfig, args.config, run_overrides(args))
-    if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
-        raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both (got {cfg.step}, {cfg.inputs})")
+class VQGRun:
+    """One step of the BERT-gen protocol as a `train.run.Task`: train the generator (or load it, --eval-only),
+    then generate and score questions on the evaluation split."""
+    description = "BERT-gen visual question generation (one step of the protocol)"
+    doc = __doc__
+    config_cls = VQGConfig
+    config_help = "VQGConfig YAML (see launch/configs/vqg_*.yaml)"
+    overrides_example = "step=step2 inputs=image epochs=2"
 
-    rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    seed_rank(cfg.seed, rank)
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
 
-    run_dir = Path(cfg.engine.run_dir)
-    try:
-        features = open_features(cfg.data.features)
-    except FileNotFoundError:
-        if cfg.inputs != "caption":
-            raise
-        features = None  # caption only: no Xsim, and W sized for 2048-d features
-    feature_size = features[next(iter(features.index))].features.shape[1] if features is not None else 2048
-    tok_dir = cfg.data.tokenizer
-    if tok_dir is None and cfg.init not in ("random", "packaged") and (Path(cfg.init) / "vocab.txt").exists():
-        tok_dir = cfg.init
-    tokenizer = load_tokenizer(str(resolve_bert_dir(tok_dir)))
-    captions = read_coco_captions(cfg.data.captions)
-    if args.eval_only:
-        gen = load_bert_gen(run_dir / "model")
-    else:
-        gen, record = build_model(cfg, feature_size)
-        train = VQGSet(cfg.data.train, cfg.data, tokenizer, captions, features, cfg.inputs)
+    def seed(self, cfg: VQGConfig) -> int:
+        return cfg.seed
+
+    def build(self, cfg: VQGConfig, args, rank: int, world: int) -> Training | None:
+        if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
+            raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both "
+                             f"(got {cfg.step}, {cfg.inputs})")
+        try:
+            self.features = open_features(cfg.data.features)
+        except FileNotFoundError:
+            if cfg.inputs != "caption":
+                raise
+            self.features = None  # caption only: no Xsim, and W sized for 2048-d features
+        features = self.features
+        feature_size = features[next(iter(features.index))].features.shape[1] if features is not None else 2048
+        tok_dir = cfg.data.tokenizer
+        if tok_dir is None and cfg.init not in ("random", "packaged") and (Path(cfg.init) / "vocab.txt").exists():
+            tok_dir = cfg.init
+        self.tok_dir = tok_dir
+        self.tokenizer = load_tokenizer(str(resolve_bert_dir(tok_dir)))
+        self.captions = read_coco_captions(cfg.data.captions)
+        if args.eval_only:
+            self.gen = load_bert_gen(Path(cfg.engine.run_dir) / "model")
+            return None
+        self.gen, self.record = build_model(cfg, feature_size)
+        gen, record = self.gen, self.record
+        train = VQGSet(cfg.data.train, cfg.data, self.tokenizer, self.captions, features, cfg.inputs)
         micro = max(1, cfg.batch_size // world)
         loader = EpochLoader(train, micro, cfg.seed, rank, world)
         cfg.engine.steps = max(1, math.ceil(cfg.epochs * loader.batches_per_epoch))
@@ -371,28 +373,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cfg.step}: inputs={cfg.inputs}, Θ from {record['theta_from']}, W from "
                   f"{record['projection_from']}; {trainable:,} of {record['total_parameters']:,} parameters "
                   f"trained; {len(train.pairs)} pairs, {cfg.engine.steps} steps", flush=True)
-        engine = Engine(VQGTask(gen, cfg.label_smoothing), loader, cfg.engine, cfg.optim, micro_batch_size=micro,
-                        count_batch=lambda b: {"samples": float(b["target_ids"].shape[0]),
-                                               "tokens": float(b["target_mask"].sum()), "images": 0.0},
-                        run_info={"config": asdict(cfg), "bert_gen": record})
-        engine.train(resume=args.resume, overwrite=args.overwrite)
-        state = engine.consolidated_state_dict()
-        if rank == 0:
+        return Training(VQGTask(gen, cfg.label_smoothing), loader, micro, count_batch=count_pairs,
+                        run_info={"config": asdict(cfg), "bert_gen": self.record})
 
-            state = {k.removeprefix("gen.model."): v for k, v in state.items()}
-            save_pretrained(state, gen.cfg, run_dir / "model", resolve_bert_dir(tok_dir))
-            (run_dir / "model" / "bert_gen.json").write_text(json.dumps(record, indent=1))
-            gen = load_bert_gen(run_dir / "model")
-    if rank == 0:
-        split_path = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
-        data = VQGSet(split_path, cfg.data, tokenizer, captions, features, cfg.inputs)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        metrics = evaluate_run(gen.to(device), cfg, data, run_dir, device)
-        line = ", ".join(f"{k}={v:.4f}" for k, v in metrics["ptb"].items())
-        print(f"{cfg.step} on {cfg.eval_split} ({metrics['images']} images, PTB tokenisation): {line}\n"
-              f"outputs: {run_dir}", flush=True)
-    torch.distributed.barrier()
-    return 0
+    def finish(self, engine, last: dict, cfg: VQGConfig, args, rank: int) -> None:
+        run_dir = Path(cfg.engine.run_dir)
+        if engine is not None:
+            state = engine.consolidated_state_dict()
+            if rank == 0:
+                state = {k.removeprefix("gen.model."): v for k, v in state.items()}
+                save_pretrained(state, self.gen.cfg, run_dir / "model", resolve_bert_dir(self.tok_dir))
+                (run_dir / "model" / "bert_gen.json").write_text(json.dumps(self.record, indent=1))
+                self.gen = load_bert_gen(run_dir / "model")
+        if rank == 0:
+            split_path = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
+            data = VQGSet(split_path, cfg.data, self.tokenizer, self.captions, self.features, cfg.inputs)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            metrics = evaluate_run(self.gen.to(device), cfg, data, run_dir, device)
+            line = ", ".join(f"{k}={v:.4f}" for k, v in metrics["ptb"].items())
+            print(f"{cfg.step} on {cfg.eval_split} ({metrics['images']} images, PTB tokenisation): {line}\n"
+                  f"outputs: {run_dir}", flush=True)
+
+
+def count_pairs(batch: dict) -> dict[str, float]:
+    return {"samples": float(batch["target_ids"].shape[0]), "tokens": float(batch["target_mask"].sum()),
+            "images": 0.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(VQGRun(), argv)
 
 
 if __name__ == "__main__":

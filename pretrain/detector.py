@@ -25,7 +25,6 @@ accuracy on the held-out annotations, each next to the majority-class baseline.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -38,23 +37,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import normalise, scale_features
-from model.config import FastRCNNConfig, load_config
+from model.config import FastRCNNConfig
 from model.fast_rcnn import FastRCNN, size_classifier
 from shards.coco import read_instances, read_vocabularies
 from shards.images import ImageConfig, collate_visual, load_image
 from shards.skips import SkipLog
 from train.engine import (
-    Engine,
     EngineConfig,
     OptimConfig,
-    add_run_arguments,
     entry_point,
-    init_distributed,
-    run_overrides,
-    seed_rank,
     to_device,
 )
 from train.loaders import EpochLoader, eval_batches
+from train.run import Training, run
 
 
 @dataclass
@@ -317,54 +312,59 @@ def export_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             if k.startswith("fast_rcnn.")}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Supervised Fast R-CNN warm-up on COCO-format boxes",
-                                epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p, "DetectorConfig YAML (see launch/configs/detector_demo.yaml)", "epochs=2 optim.lr=5e-4")
-    args = p.parse_args(argv)
+class DetectorTask:
+    """The detector warm-up as a `train.run.Task`: the Fast R-CNN's CNN and classifiers trained on the boxes, then
+    the size head fitted, the weights and vocabulary written and the held-out accuracy measured."""
+    description = "Supervised Fast R-CNN warm-up on COCO-format boxes"
+    doc = __doc__
+    config_cls = DetectorConfig
+    config_help = "DetectorConfig YAML (see launch/configs/detector_demo.yaml)"
+    overrides_example = "epochs=2 optim.lr=5e-4"
 
-    cfg = load_config(DetectorConfig, args.config, run_overrides(args))
-    categories, attributes, sizes = read_vocabularies(cfg.train)
-    num_attributes, num_sizes = max(attributes, default=0), max(sizes, default=0)
-    rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    seed_rank(cfg.seed, rank)
-    train = BoxSet(cfg.train, cfg, cfg.fast_rcnn.num_classes, num_attributes, num_sizes)
-    # the steps train the CNN and its classifiers; the size head is fitted after them
-    module = DetectorWarmup(replace(cfg.fast_rcnn, num_sizes=0), num_attributes, cfg.attribute_weight,
-                            cfg.attribute_loss)
-    micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)
-    loader = EpochLoader(train, micro, cfg.seed, rank, world, cfg.num_workers)
-    cfg.engine.steps = max(1, math.ceil(cfg.epochs * loader.batches_per_epoch
-                                        / cfg.engine.gradient_accumulation_steps))
-    cfg.engine.progress_label = "detector"
-    if rank == 0:
-        print(f"detector warm-up: {len(train)} images, {len(categories)} categories, {num_attributes} attributes, "
-              f"{num_sizes} sizes "
-              f"({dict(train.skips.reasons) or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
+    def add_arguments(self, parser) -> None:
+        pass
 
-    def count(batch):
-        return {"samples": float(batch["box_mask"].shape[0]), "images": float(batch["box_mask"].shape[0]),
-                "tokens": float(batch["box_mask"].sum())}
+    def seed(self, cfg: DetectorConfig) -> int:
+        return cfg.seed
 
-    engine = Engine(module, loader, cfg.engine, cfg.optim, micro_batch_size=micro, count_batch=count,
-                    run_info={"config": asdict(cfg), "train_images": len(train)})
-    engine.train(resume=args.resume, overwrite=args.overwrite)
-    state = engine.consolidated_state_dict()
-    run_dir = Path(cfg.engine.run_dir)
-    if rank == 0:
+    def build(self, cfg: DetectorConfig, args, rank: int, world: int) -> Training:
+        self.categories, self.attributes, self.sizes = read_vocabularies(cfg.train)
+        self.num_attributes, self.num_sizes = max(self.attributes, default=0), max(self.sizes, default=0)
+        self.train = BoxSet(cfg.train, cfg, cfg.fast_rcnn.num_classes, self.num_attributes, self.num_sizes)
+        # the steps train the CNN and its classifiers; the size head is fitted after them
+        module = DetectorWarmup(replace(cfg.fast_rcnn, num_sizes=0), self.num_attributes, cfg.attribute_weight,
+                                cfg.attribute_loss)
+        micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)
+        loader = EpochLoader(self.train, micro, cfg.seed, rank, world, cfg.num_workers)
+        cfg.engine.steps = max(1, math.ceil(cfg.epochs * loader.batches_per_epoch
+                                            / cfg.engine.gradient_accumulation_steps))
+        cfg.engine.progress_label = "detector"
+        if rank == 0:
+            print(f"detector warm-up: {len(self.train)} images, {len(self.categories)} categories, "
+                  f"{self.num_attributes} attributes, {self.num_sizes} sizes "
+                  f"({dict(self.train.skips.reasons) or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
+        return Training(module, loader, micro, count_batch=count_boxes,
+                        run_info={"config": asdict(cfg), "train_images": len(self.train)})
+
+    def finish(self, engine, last: dict, cfg: DetectorConfig, args, rank: int) -> None:
+        state = engine.consolidated_state_dict()
+        if rank != 0:
+            return
+        run_dir = Path(cfg.engine.run_dir)
+        num_attributes, num_sizes = self.num_attributes, self.num_sizes
         weights = export_state(state)
         if num_sizes:
-            head, (boxes, box_sizes) = size_classifier(num_sizes), train.size_annotations()
+            head, (boxes, box_sizes) = size_classifier(num_sizes), self.train.size_annotations()
             accuracy = fit_size_classifier(head, boxes, box_sizes, steps=cfg.size_fit_steps, seed=cfg.seed)
             print(f"size head: training accuracy {accuracy:.3f} on {len(box_sizes)} boxes", flush=True)
             fitted = {f"size_classifier.{k}": v.detach().clone() for k, v in head.state_dict().items()}
             weights.update(fitted)
             state = {**state, **{f"fast_rcnn.{k}": v for k, v in fitted.items()}}
         torch.save(weights, run_dir / "fast_rcnn.pt")
-        vocab = {"classes": ["__background__"] + [categories.get(k, f"class_{k}") for k in
+        vocab = {"classes": ["__background__"] + [self.categories.get(k, f"class_{k}") for k in
                                                   range(1, cfg.fast_rcnn.num_classes)],
-                 "attributes": [attributes[k] for k in range(1, num_attributes + 1)],
-                 "sizes": [sizes[k] for k in range(1, num_sizes + 1)]}
+                 "attributes": [self.attributes[k] for k in range(1, num_attributes + 1)],
+                 "sizes": [self.sizes[k] for k in range(1, num_sizes + 1)]}
         (run_dir / "fast_rcnn.vocab.json").write_text(json.dumps(vocab, indent=1))
         if cfg.val:
             module = DetectorWarmup(cfg.fast_rcnn, num_attributes, cfg.attribute_weight, cfg.attribute_loss,
@@ -381,8 +381,15 @@ def main(argv: list[str] | None = None) -> int:
                   + (", size accuracy {size_accuracy:.3f} (majority {size_majority_baseline:.3f})".format(**metrics)
                      if "size_accuracy" in metrics else ""), flush=True)
         print(f"Fast R-CNN weights: {run_dir / 'fast_rcnn.pt'} (set model.fast_rcnn.weights to it)", flush=True)
-    torch.distributed.barrier()
-    return 0
+
+
+def count_boxes(batch: dict) -> dict[str, float]:
+    return {"samples": float(batch["box_mask"].shape[0]), "images": float(batch["box_mask"].shape[0]),
+            "tokens": float(batch["box_mask"].sum())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(DetectorTask(), argv)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ Overrides address the config's sections: `engine.steps=200`, `data.caption_batch
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -30,7 +29,8 @@ from model.hf_import import load_hf_bert
 from model.vl_bert import VLBertForPretraining, real_positions
 from shards.reader import StreamLoader
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
-from train.engine import Engine, add_run_arguments, entry_point, init_distributed, run_overrides, seed_rank, to_device
+from train.engine import entry_point, to_device
+from train.run import Training, run
 
 from .config import PretrainConfig, build_model_config
 from .detector import DetectorConfig, drift
@@ -109,81 +109,89 @@ def draw_batch(batch: dict) -> torch.Tensor:
     return image
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="VL-BERT pretraining (one process per rank)", epilog=__doc__)
-    add_run_arguments(p, "PretrainConfig YAML (see launch/configs/)", "engine.steps=200")
-    args = p.parse_args(argv)
-    cfg = load_config(PretrainConfig, args.config, run_overrides(args))
+class PretrainTask:
+    """Pretraining as a `train.run.Task`: VL-BERT on the 1:1 caption/text stream, then the export, the grounding
+    table and detector drift."""
+    description = "VL-BERT pretraining (one process per rank)"
+    doc = __doc__
+    config_cls = PretrainConfig
+    config_help = "PretrainConfig YAML (see launch/configs/)"
+    overrides_example = "engine.steps=200"
 
-    rank, _ = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
-    seed_rank(cfg.engine.seed, rank)
+    def add_arguments(self, parser) -> None:
+        pass
 
-    tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (bert_source_dir(cfg.bert) if cfg.bert else None)))
-    cfg.data.tokenizer = tokenizer_dir
-    tokenizer = load_tokenizer(tokenizer_dir)
-    if cfg.region_words:
-        cfg.model = deep_merge(cfg.model, region_word_updates(cfg.region_words, tokenizer, cfg.region_word_groups))
-    model_cfg = build_model_config(cfg)
-    model = VLBertForPretraining(model_cfg)
-    if cfg.mlm_head_init not in ("random", "readout"):
-        raise ValueError(f"mlm_head_init: '{cfg.mlm_head_init}' is not random or readout")
-    loaded = load_hf_bert(model, bert_source_dir(cfg.bert))["loaded"] if cfg.bert else []
-    if cfg.mlm_head_init == "readout" and not any(k.startswith("cls.predictions.transform") for k in loaded):
-        model.mlm_head.init_as_readout()
-        if model_cfg.region_class_words is not None:  # the classes have names: MRC reads them out the same way
-            model.masked_roi_classification.init_as_readout(
-                model.vl_bert.embeddings.name_embeddings("class").detach())
-    masker = PretrainMasker(cfg.masking, tokenizer, cls_id=model_cfg.cls_token_id, sep_id=model_cfg.sep_token_id,
-                            mask_id=model_cfg.mask_token_id, pad_id=model_cfg.pad_token_id,
-                            num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank,
-                            pixel_mean=model_cfg.fast_rcnn.pixel_mean,
-                            # class 0 is the background: no caption word names it
-                            region_word_ids=[name[0] for name in (model_cfg.region_class_words or [])[1:]
-                                             + (model_cfg.region_attribute_words or [])
-                                             + (model_cfg.region_size_words or [])])
-    loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
-    module = VLBertPretraining(model, cfg.losses)
-    evaluate = None
-    evaluators = []
-    if cfg.diagnostic is not None and cfg.engine.eval_every:
+    def seed(self, cfg: PretrainConfig) -> int:
+        return cfg.engine.seed
 
-        diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes,
-                                        feature_extractor(model))
-        evaluators.append(lambda model, device: diagnostic(model, device))
-    if cfg.grounding is not None and cfg.engine.eval_every and cfg.grounding_periodic_images:
+    def build(self, cfg: PretrainConfig, args, rank: int, world: int) -> Training:
+        tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (bert_source_dir(cfg.bert) if cfg.bert else None)))
+        cfg.data.tokenizer = tokenizer_dir
+        tokenizer = load_tokenizer(tokenizer_dir)
+        if cfg.region_words:
+            cfg.model = deep_merge(cfg.model, region_word_updates(cfg.region_words, tokenizer, cfg.region_word_groups))
+        model_cfg = build_model_config(cfg)
+        model = VLBertForPretraining(model_cfg)
+        if cfg.mlm_head_init not in ("random", "readout"):
+            raise ValueError(f"mlm_head_init: '{cfg.mlm_head_init}' is not random or readout")
+        loaded = load_hf_bert(model, bert_source_dir(cfg.bert))["loaded"] if cfg.bert else []
+        if cfg.mlm_head_init == "readout" and not any(k.startswith("cls.predictions.transform") for k in loaded):
+            model.mlm_head.init_as_readout()
+            if model_cfg.region_class_words is not None:  # the classes have names: MRC reads them out the same way
+                model.masked_roi_classification.init_as_readout(
+                    model.vl_bert.embeddings.name_embeddings("class").detach())
+        masker = PretrainMasker(cfg.masking, tokenizer, cls_id=model_cfg.cls_token_id, sep_id=model_cfg.sep_token_id,
+                                mask_id=model_cfg.mask_token_id, pad_id=model_cfg.pad_token_id,
+                                num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank,
+                                pixel_mean=model_cfg.fast_rcnn.pixel_mean,
+                                # class 0 is the background: no caption word names it
+                                region_word_ids=[name[0] for name in (model_cfg.region_class_words or [])[1:]
+                                                 + (model_cfg.region_attribute_words or [])
+                                                 + (model_cfg.region_size_words or [])])
+        loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
+        evaluators = []
+        if cfg.diagnostic is not None and cfg.engine.eval_every:
+            diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes,
+                                            feature_extractor(model))
+            evaluators.append(lambda model, device: diagnostic(model, device))
+        if cfg.grounding is not None and cfg.engine.eval_every and cfg.grounding_periodic_images:
+            periodic = GroundingEval(replace(cfg.grounding, max_images=cfg.grounding_periodic_images), tokenizer,
+                                     feature_extractor(model))
+            evaluators.append(
+                lambda model, device: scalars(periodic.summarise(periodic(model, device, progress=False))))
+        evaluate = None
+        if evaluators:
+            def evaluate(module, device):
+                out = {}
+                for run_one in evaluators:
+                    out.update(run_one(module.model, device))
+                return out
+        self.tokenizer, self.tokenizer_dir, self.model_cfg = tokenizer, tokenizer_dir, model_cfg
+        return Training(VLBertPretraining(model, cfg.losses), loader,
+                        cfg.data.caption_batch_size + cfg.data.text_batch_size, count_batch=count_batch,
+                        evaluate=evaluate, draw_batch=draw_batch if model_cfg.region_input == "pixels" else None,
+                        run_info={"config": asdict(cfg), "model": asdict(model_cfg),
+                                  "world_size": torch.distributed.get_world_size()})
 
-        periodic = GroundingEval(replace(cfg.grounding, max_images=cfg.grounding_periodic_images), tokenizer,
-                                 feature_extractor(model))
-        evaluators.append(lambda model, device: scalars(periodic.summarise(periodic(model, device, progress=False))))
-    if evaluators:
-        def evaluate(module, device):
-            out = {}
-            for run_one in evaluators:
-                out.update(run_one(module.model, device))
-            return out
-    engine = Engine(module, loader, cfg.engine, cfg.optim, evaluate=evaluate,
-                    micro_batch_size=cfg.data.caption_batch_size + cfg.data.text_batch_size,
-                    count_batch=count_batch,
-                    draw_batch=draw_batch if model_cfg.region_input == "pixels" else None,
-                    run_info={"config": asdict(cfg), "model": asdict(model_cfg),
-                              "world_size": torch.distributed.get_world_size()})
-    last = engine.train(resume=args.resume, overwrite=args.overwrite)
-    finished = engine.step >= cfg.engine.steps
-    if cfg.engine.export and finished:
-        export(engine, model_cfg, Path(cfg.engine.run_dir) / "export", tokenizer_dir, cfg.data)
-        if cfg.grounding is not None:
-            final_grounding(engine, cfg.grounding, Path(cfg.engine.run_dir), tokenizer)
-        if cfg.detector_drift and model_cfg.region_input == "pixels":
-            final_drift(engine, cfg.detector_drift, Path(cfg.engine.run_dir))
-    if rank == 0:
+    def finish(self, engine, last: dict, cfg: PretrainConfig, args, rank: int) -> None:
         run_dir = Path(cfg.engine.run_dir)
-        print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
-              + (f"\nexported model: {run_dir / 'export'}" if cfg.engine.export and finished else ""), flush=True)
-        if last:
-            print(f"last logged step {engine.step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()
-                                                                if k.startswith(("loss/", "acc/"))), flush=True)
-    torch.distributed.barrier()
-    return 0
+        finished = engine.step >= cfg.engine.steps
+        if cfg.engine.export and finished:
+            export(engine, self.model_cfg, run_dir / "export", self.tokenizer_dir, cfg.data)
+            if cfg.grounding is not None:
+                final_grounding(engine, cfg.grounding, run_dir, self.tokenizer)
+            if cfg.detector_drift and self.model_cfg.region_input == "pixels":
+                final_drift(engine, cfg.detector_drift, run_dir)
+        if rank == 0:
+            print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
+                  + (f"\nexported model: {run_dir / 'export'}" if cfg.engine.export and finished else ""), flush=True)
+            if last:
+                print(f"last logged step {engine.step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()
+                                                                    if k.startswith(("loss/", "acc/"))), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(PretrainTask(), argv)
 
 
 def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> None:

@@ -1,0 +1,88 @@
+"""train.run: the one flow every trainer runs. A toy task records what the flow hands it: the config with the
+command line's overrides, this rank's seed, the steps the engine trained, the last logged metrics, and no
+engine at all when the task has nothing to train (--eval-only)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_TASK = r"""
+import json, sys
+from dataclasses import dataclass, field
+import torch
+from train.engine import EngineConfig, OptimConfig, entry_point
+from train.run import Training, run
+
+@dataclass
+class ToyConfig:
+    seed: int = 5
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+class Loader:
+    def __init__(self): self.i = 0
+    def state_dict(self): return {"i": self.i}
+    def load_state_dict(self, s): self.i = s["i"]
+    def __iter__(self):
+        while True:
+            self.i += 1
+            yield {"x": torch.full((2, 3), float(self.i))}
+
+class Module(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+    def forward(self, batch):
+        loss = self.lin(batch["x"]).square().mean()
+        return loss, {"loss/total": loss.detach()}
+
+class Toy:
+    description, doc, config_cls = "toy", "", ToyConfig
+    config_help, overrides_example = "ToyConfig YAML", "engine.steps=3"
+    def add_arguments(self, parser):
+        parser.add_argument("--eval-only", action="store_true")
+    def seed(self, cfg):
+        return cfg.seed
+    def build(self, cfg, args, rank, world):
+        self.seen = {"seed": torch.initial_seed(), "rank": rank, "world": world, "steps": cfg.engine.steps}
+        if args.eval_only:
+            return None
+        return Training(Module(), Loader(), 2, count_batch=lambda b: {"samples": 2.0, "tokens": 6.0, "images": 0.0})
+    def finish(self, engine, last, cfg, args, rank):
+        self.seen.update(trained=None if engine is None else engine.step, last=sorted(last))
+        print("SEEN " + json.dumps(self.seen))
+
+sys.exit(entry_point(lambda: run(Toy(), sys.argv[1:])))
+"""
+
+
+def toy(tmp_path: Path, *args: str) -> dict:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    script = tmp_path / "toy.py"
+    script.write_text(_TASK)
+    plain = ["engine.zero_stage=1", "engine.precision=fp32", "engine.log_every=1", "engine.checkpoint_every=100",
+             "engine.progress=false", "engine.export=false", "optim.warmup_steps=0"]
+    out = subprocess.run([sys.executable, str(script), *args, *plain], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("SEEN ")]
+    assert line, out.stdout[-2000:]
+    return json.loads(line[-1][5:])
+
+
+def test_run_trains_the_task_and_hands_it_the_engine(tmp_path):
+    seen = toy(tmp_path, f"engine.run_dir={tmp_path / 'run'}", "engine.steps=3", "seed=7")
+    assert (seen["seed"], seen["rank"], seen["world"], seen["steps"], seen["trained"]) == (7, 0, 1, 3, 3)
+    assert "loss/total" in seen["last"]
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+
+def test_a_task_with_nothing_to_train_goes_straight_to_finish(tmp_path):
+    seen = toy(tmp_path, "--eval-only", f"engine.run_dir={tmp_path / 'run'}")
+    assert seen["trained"] is None and seen["last"] == [] and seen["seed"] == 5
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

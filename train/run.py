@@ -1,0 +1,76 @@
+"""The one train-then-evaluate flow every trainer runs: `run(task, argv)`.
+
+A trainer is a `Task`: it names its config class and command line, builds what the engine trains (`build`:
+the module, its loader and how to count and draw a batch, or None when there is nothing to train, e.g.
+`--eval-only`), and says what happens after training (`finish`: the export and the evaluation, on the ranks
+that do them). The flow around it is the same for pretraining, the detector warm-up, the finetune tasks and
+BERT-gen: parse the command line, load the config, join the process group, seed this rank, train on the
+`Engine` (DeepSpeed, checkpoints and exact resume, metrics, stop signals), finish, and wait for every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from model.config import load_config
+
+from .engine import Engine, add_run_arguments, init_distributed, run_overrides, seed_rank
+
+
+@dataclass
+class Training:
+    """What a task hands the engine."""
+    module: torch.nn.Module  # forward(batch) -> (loss, metrics)
+    loader: object  # iterable of batches with state_dict / load_state_dict (exact resume)
+    micro_batch_size: int
+    count_batch: Callable | None = None  # batch -> {"samples", "tokens", "images"} (throughput)
+    evaluate: Callable | None = None  # (module, device) -> scalars, every engine.eval_every steps
+    draw_batch: Callable | None = None  # batch -> uint8 [3, H, W] for TensorBoard
+    run_info: dict = field(default_factory=dict)  # written beside the run's metrics
+
+
+class Task(Protocol):
+    description: str  # the command's one-line description
+    doc: str  # its epilog
+    config_cls: type  # a dataclass with `engine` (EngineConfig) and `optim` (OptimConfig)
+    config_help: str
+    overrides_example: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Flags of this task's own beyond the shared ones (--config, --resume, ...)."""
+
+    def seed(self, cfg) -> int:
+        """The config's seed: rank r seeds torch with it + r."""
+
+    def build(self, cfg, args, rank: int, world: int) -> Training | None:
+        """What to train (None: nothing, go straight to `finish`)."""
+
+    def finish(self, engine: Engine | None, last: dict, cfg, args, rank: int) -> None:
+        """After training (engine None when nothing was trained; `last`, the last logged metrics): export and
+        evaluate. Every rank calls it; ZeRO-3's consolidation is collective."""
+
+
+def run(task: Task, argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=task.description, epilog=task.doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser, task.config_help, task.overrides_example)
+    task.add_arguments(parser)
+    args = parser.parse_args(argv)
+    cfg = load_config(task.config_cls, args.config, run_overrides(args))
+    rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
+    seed_rank(task.seed(cfg), rank)
+    training = task.build(cfg, args, rank, world)
+    engine, last = None, {}
+    if training is not None:
+        engine = Engine(training.module, training.loader, cfg.engine, cfg.optim,
+                        micro_batch_size=training.micro_batch_size, count_batch=training.count_batch,
+                        draw_batch=training.draw_batch, evaluate=training.evaluate, run_info=training.run_info)
+        last = engine.train(resume=args.resume, overwrite=args.overwrite)
+    task.finish(engine, last, cfg, args, rank)
+    torch.distributed.barrier()
+    return 0
