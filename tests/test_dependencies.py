@@ -12,8 +12,8 @@ import pytest
 tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"model", "pretrain", "finetune", "shards", "launch", "bench", "tests", "docs"}
-FOLDERS = ["model", "pretrain", "finetune", "shards", "launch", "bench", "tests", "docs"]
+OURS = {"model", "shards", "train", "diagnostics", "pretrain", "finetune", "launch", "bench", "tests", "docs"}
+FOLDERS = ["model", "shards", "train", "diagnostics", "pretrain", "finetune", "launch", "bench", "tests", "docs"]
 
 
 def imported_top_level_names() -> dict[str, str]:
