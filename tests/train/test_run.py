@@ -68,7 +68,8 @@ def toy(tmp_path: Path, *args: str) -> dict:
     script.write_text(_TASK)
     plain = ["engine.zero_stage=1", "engine.precision=fp32", "engine.log_every=1", "engine.checkpoint_every=100",
              "engine.progress=false", "engine.export=false", "optim.warmup_steps=0"]
-    out = subprocess.run([sys.executable, str(script), *args, *plain], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, str(script), *args, *plain], capture_output=True, text=True, env=env,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("SEEN ")]
     assert line, out.stdout[-2000:]
