@@ -32,7 +32,7 @@ from train.engine import (
 )
 from train.loaders import EpochLoader
 from train.loaders import eval_batches as eval_in_order
-from train.run import Training, run
+from train.run import Task, Training, run
 
 
 @dataclass
@@ -289,7 +289,7 @@ def load_task_model(path: str | Path, build):
 
 # --- one main for every task ---------------------------------------------------------------------------------
 
-class FinetuneTask:
+class FinetuneTask(Task):
     """A finetune task as a `train.run.Task`. `spec` (one module per task) provides: name, config_cls, doc,
     dataset(cfg, tokenizer, task_info, train) -> the training set (task_info None) or cfg.eval_split's,
     build_module(pretrained, cfg, train_set) -> (module, task_info), rebuild(vl_bert, task_info) -> module,
@@ -305,9 +305,6 @@ class FinetuneTask:
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
-
-    def seed(self, cfg) -> int:
-        return cfg.seed
 
     def device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -46,7 +46,7 @@ from train.engine import (
     to_device,
 )
 from train.loaders import EpochLoader
-from train.run import Training, run
+from train.run import Task, Training, run
 
 from .generate import DecodeConfig, generate
 from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
@@ -322,7 +322,7 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
 
 # --- main ---------------------------------------------------------------------------------------------------
 
-class VQGRun:
+class VQGRun(Task):
     """One step of the BERT-gen protocol as a `train.run.Task`: train the generator (or load it, --eval-only),
     then generate and score questions on the evaluation split."""
     description = "BERT-gen visual question generation (one step of the protocol)"
@@ -333,9 +333,6 @@ class VQGRun:
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
-
-    def seed(self, cfg: VQGConfig) -> int:
-        return cfg.seed
 
     def build(self, cfg: VQGConfig, args, rank: int, world: int) -> Training | None:
         if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):

@@ -49,7 +49,7 @@ from train.engine import (
     to_device,
 )
 from train.loaders import EpochLoader, eval_batches
-from train.run import Training, run
+from train.run import Task, Training, run
 
 
 @dataclass
@@ -312,7 +312,7 @@ def export_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             if k.startswith("fast_rcnn.")}
 
 
-class DetectorTask:
+class DetectorTask(Task):
     """The detector warm-up as a `train.run.Task`: the Fast R-CNN's CNN and classifiers trained on the boxes, then
     the size head fitted, the weights and vocabulary written and the held-out accuracy measured."""
     description = "Supervised Fast R-CNN warm-up on COCO-format boxes"
@@ -320,12 +320,6 @@ class DetectorTask:
     config_cls = DetectorConfig
     config_help = "DetectorConfig YAML (see launch/configs/detector_demo.yaml)"
     overrides_example = "epochs=2 optim.lr=5e-4"
-
-    def add_arguments(self, parser) -> None:
-        pass
-
-    def seed(self, cfg: DetectorConfig) -> int:
-        return cfg.seed
 
     def build(self, cfg: DetectorConfig, args, rank: int, world: int) -> Training:
         self.categories, self.attributes, self.sizes = read_vocabularies(cfg.train)

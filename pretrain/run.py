@@ -30,7 +30,7 @@ from model.vl_bert import VLBertForPretraining, real_positions
 from shards.reader import StreamLoader
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import entry_point, to_device
-from train.run import Training, run
+from train.run import Task, Training, run
 
 from .config import PretrainConfig, build_model_config
 from .detector import DetectorConfig, drift
@@ -109,7 +109,7 @@ def draw_batch(batch: dict) -> torch.Tensor:
     return image
 
 
-class PretrainTask:
+class PretrainTask(Task):
     """Pretraining as a `train.run.Task`: VL-BERT on the 1:1 caption/text stream, then the export, the grounding
     table and detector drift."""
     description = "VL-BERT pretraining (one process per rank)"
@@ -117,9 +117,6 @@ class PretrainTask:
     config_cls = PretrainConfig
     config_help = "PretrainConfig YAML (see launch/configs/)"
     overrides_example = "engine.steps=200"
-
-    def add_arguments(self, parser) -> None:
-        pass
 
     def seed(self, cfg: PretrainConfig) -> int:
         return cfg.engine.seed

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
@@ -34,7 +33,9 @@ class Training:
     run_info: dict = field(default_factory=dict)  # written beside the run's metrics
 
 
-class Task(Protocol):
+class Task:
+    """What a trainer provides; `run` calls nothing else. Subclasses set the class attributes and implement `build`
+    and `finish`; `add_arguments` and `seed` have the usual defaults."""
     description: str  # the command's one-line description
     doc: str  # its epilog
     config_cls: type  # a dataclass with `engine` (EngineConfig) and `optim` (OptimConfig)
@@ -42,17 +43,20 @@ class Task(Protocol):
     overrides_example: str
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Flags of this task's own beyond the shared ones (--config, --resume, ...)."""
+        """Flags of this task's own beyond the shared ones (--config, --resume, ...): none by default."""
 
     def seed(self, cfg) -> int:
-        """The config's seed: rank r seeds torch with it + r."""
+        """The config's seed (rank r seeds torch with it + r): `cfg.seed` by default."""
+        return cfg.seed
 
     def build(self, cfg, args, rank: int, world: int) -> Training | None:
         """What to train (None: nothing, go straight to `finish`)."""
+        raise NotImplementedError
 
     def finish(self, engine: Engine | None, last: dict, cfg, args, rank: int) -> None:
         """After training (engine None when nothing was trained; `last`, the last logged metrics): export and
         evaluate. Every rank calls it; ZeRO-3's consolidation is collective."""
+        raise NotImplementedError
 
 
 def run(task: Task, argv: list[str] | None = None) -> int:
