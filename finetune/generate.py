@@ -5,6 +5,14 @@ Incremental by default: X is encoded once and each step appends one token throug
 `X y_<t [MASK]` from scratch every step; both compute the same distributions, so they produce the
 same sequences and scores (tested) and differ only in cost (bench/decoding.py).
 
+Diverse beam search (Vijayakumar et al., AAAI 2018: `beam_groups` > 1): the beams are split into groups that
+advance one after another at each step, each group's candidates penalised by `diversity_penalty` times the number
+of earlier groups' beams that chose the same token at that step (Hamming diversity). As in the paper the penalty
+only ranks candidates: a beam's score stays its model log-probability, so no penalty from an earlier step carries
+into later ones (transformers' removed group beam search added it to the running score). Finished beams extend by
+padding, which no group is penalised for. `num_return` sequences per input: each group's best (diverse beam
+search) or the top beams (plain beam search), best first.
+
 Scores are the model's log P(Y | X) (natural log) of the returned tokens; constraints (minimum
 length, n-gram blocking, top-k/top-p) only remove candidates. They are transformers' logits processors
 (`LogitsProcessorList`): its temperature, top-k and top-p warpers, and its min-length and n-gram rules
@@ -34,6 +42,9 @@ class DecodeConfig:
     max_length: int = 20  # target tokens, the end token included
     min_length: int = 1  # the end token is blocked before this many tokens
     beam_size: int = 3
+    beam_groups: int = 1  # > 1: diverse beam search, beam_size / beam_groups beams per group
+    diversity_penalty: float = 0.0  # per earlier group's beam that chose the same token at the same step
+    num_return: int = 1  # sequences per input (beam: <= beam_size, or <= beam_groups with groups)
     length_penalty: float = 1.0  # beams ranked by sum log p / length ** length_penalty
     no_repeat_ngram_size: int = 0  # 0 = off
     temperature: float = 1.0  # sampling (> 0)
@@ -45,9 +56,9 @@ class DecodeConfig:
 
 @dataclass
 class Generated:
-    tokens: torch.Tensor  # [B, T] padded with pad_id after the end token
-    scores: torch.Tensor  # [B] log P(tokens | X)
-    lengths: torch.Tensor  # [B] tokens up to and including the end token
+    tokens: torch.Tensor  # [B * num_return, T] padded with pad_id after the end token; input i's rows together
+    scores: torch.Tensor  # [B * num_return] log P(tokens | X)
+    lengths: torch.Tensor  # [B * num_return] tokens up to and including the end token
 
 
 class _Cached:
@@ -135,13 +146,24 @@ def warpers(cfg: DecodeConfig) -> LogitsProcessorList:
     return out
 
 
-@torch.no_grad()
-def generate(model: BertGen, inp: GenInput, cfg: DecodeConfig, *, end_id: int, pad_id: int = 0) -> Generated:
+def check(cfg: DecodeConfig) -> None:
+    """Say which `decode.*` field is wrong before any model runs."""
     if cfg.method not in ("greedy", "beam", "sample"):
         raise ValueError(f"decode.method: '{cfg.method}' is not greedy, beam or sample")
+    if cfg.beam_groups < 1 or cfg.beam_size % cfg.beam_groups:
+        raise ValueError(f"decode.beam_groups: {cfg.beam_groups} does not divide decode.beam_size {cfg.beam_size}")
+    most = 1 if cfg.method != "beam" else cfg.beam_groups if cfg.beam_groups > 1 else cfg.beam_size
+    if not 1 <= cfg.num_return <= most:
+        raise ValueError(f"decode.num_return: {cfg.num_return} is not in 1..{most} for method {cfg.method} with "
+                         f"beam_size {cfg.beam_size} and beam_groups {cfg.beam_groups}")
+
+
+@torch.no_grad()
+def generate(model: BertGen, inp: GenInput, cfg: DecodeConfig, *, end_id: int, pad_id: int = 0) -> Generated:
+    check(cfg)
     stepper = _Cached(model, inp, cfg.max_length) if cfg.cached else _Naive(model, inp)
     if cfg.method == "beam" and cfg.beam_size > 1:
-        return _beam(stepper, inp.mask.shape[0], cfg, end_id, pad_id, inp.mask.device)
+        return beam_search(stepper, inp.mask.shape[0], cfg, end_id, pad_id, inp.mask.device)
     return _one_path(stepper, inp.mask.shape[0], cfg, end_id, pad_id, inp.mask.device)
 
 
@@ -169,30 +191,44 @@ def _one_path(stepper, bsz: int, cfg: DecodeConfig, end_id: int, pad_id: int, de
     return Generated(history, score, length)
 
 
-def _beam(stepper, bsz: int, cfg: DecodeConfig, end_id: int, pad_id: int, dev) -> Generated:
-    k = cfg.beam_size
+def beam_search(stepper, bsz: int, cfg: DecodeConfig, end_id: int, pad_id: int, dev) -> Generated:
+    """Beam search over `stepper` (called with the [rows, t] tokens so far, it returns the next token's [rows, V]
+    log-probabilities; `select(index)` reorders its rows); diverse when `cfg.beam_groups` > 1. Row layout: input
+    i, group g, beam j at i * k + g * k / G + j."""
+    k, groups = cfg.beam_size, cfg.beam_groups
+    kg = k // groups
     stepper.select(torch.arange(bsz, device=dev).repeat_interleave(k))
-    beam_score = torch.zeros(bsz, k, device=dev)
-    beam_score[:, 1:] = float("-inf")  # k identical beams at first: expand only one
+    beam_score = torch.zeros(bsz, groups, kg, device=dev)
+    beam_score[:, :, 1:] = float("-inf")  # each group's kg identical beams at first: expand only one
     history = torch.zeros(bsz * k, 0, dtype=torch.long, device=dev)
     length = torch.zeros(bsz * k, dtype=torch.long, device=dev)
     done = torch.zeros(bsz * k, dtype=torch.bool, device=dev)
-    base = (torch.arange(bsz, device=dev) * k).unsqueeze(1)
-    alpha = cfg.length_penalty
+    group_base = (torch.arange(bsz, device=dev) * k).view(bsz, 1, 1) + \
+        (torch.arange(groups, device=dev) * kg).view(1, groups, 1)  # [B, G, 1]: each group's first row
+    alpha, lam = cfg.length_penalty, cfg.diversity_penalty
     constrain = constraints(cfg, end_id)
     for _ in range(cfg.max_length):
         logp = constrain(history, stepper(history))
         vocab = logp.shape[1]
         finished_row = torch.full_like(logp[:1], float("-inf"))
         finished_row[0, pad_id] = 0.0  # a finished beam only extends by padding, at no cost
-        logp = torch.where(done.unsqueeze(1), finished_row, logp)
-        cand = beam_score.view(-1, 1) + logp  # [B*k, V]
-        new_len = (length + (~done).long()).clamp(min=1).unsqueeze(1).float()
-        ranked = (cand / new_len ** alpha).view(bsz, k * vocab)
-        _, idx = ranked.topk(k, -1)  # [B, k]
-        origin = (base + idx // vocab).view(-1)
+        logp = torch.where(done.unsqueeze(1), finished_row, logp).view(bsz, groups, kg, vocab)
+        cand = beam_score.unsqueeze(-1) + logp  # [B, G, kg, V]
+        new_len = (length + (~done).long()).clamp(min=1).float().view(bsz, groups, kg, 1)
+        ranked = cand / new_len ** alpha
+        used = torch.zeros(bsz, vocab, device=dev)  # tokens earlier groups chose at this step
+        picks = []
+        for g in range(groups):  # groups are sequential by definition; the beams and words within one are not
+            rank_g = ranked[:, g] - lam * used.unsqueeze(1) if g else ranked[:, g]
+            idx = rank_g.reshape(bsz, kg * vocab).topk(kg, -1).indices  # [B, kg]
+            picks.append(idx)
+            if groups > 1:
+                token_g = idx % vocab
+                used.scatter_add_(1, token_g, (token_g != pad_id).float())
+        idx = torch.stack(picks, 1)  # [B, G, kg]
+        beam_score = cand.reshape(bsz, groups, kg * vocab).gather(2, idx)
+        origin = (group_base + idx // vocab).view(-1)
         token = (idx % vocab).view(-1)
-        beam_score = cand.view(bsz, k * vocab).gather(1, idx)
         was_done = done.index_select(0, origin)
         length = length.index_select(0, origin) + (~was_done).long()
         history = torch.cat([history.index_select(0, origin), token.unsqueeze(1)], 1)
@@ -200,7 +236,16 @@ def _beam(stepper, bsz: int, cfg: DecodeConfig, end_id: int, pad_id: int, dev) -
         stepper.select(origin)
         if bool(done.all()):
             break
-    final = beam_score.view(-1) / length.clamp(min=1).float() ** alpha
-    best = base.squeeze(1) + final.view(bsz, k).argmax(-1)
-    return Generated(history.index_select(0, best), beam_score.view(-1).index_select(0, best),
-                     length.index_select(0, best))
+    final = (beam_score.view(-1) / length.clamp(min=1).float() ** alpha).view(bsz, groups, kg)
+    if groups > 1:  # each group's best, then the best of those first
+        best_in_group = final.argmax(-1, keepdim=True)  # [B, G, 1]
+        rows = (group_base + best_in_group).view(bsz, groups)
+        order = final.gather(2, best_in_group).view(bsz, groups).argsort(-1, descending=True)
+        rows = rows.gather(1, order)[:, : cfg.num_return]
+    elif cfg.num_return == 1:
+        rows = group_base.view(bsz, 1) + final.view(bsz, k).argmax(-1, keepdim=True)
+    else:
+        rows = group_base.view(bsz, 1) + final.view(bsz, k).topk(cfg.num_return, -1).indices
+    rows = rows.reshape(-1)
+    return Generated(history.index_select(0, rows), beam_score.view(-1).index_select(0, rows),
+                     length.index_select(0, rows))

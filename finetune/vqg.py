@@ -50,7 +50,7 @@ from train.run import Task, Training, run
 
 from .generate import DecodeConfig, generate
 from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
-from .vqg_eval import plot_attention, question_metrics
+from .vqg_eval import diversity, plot_attention, question_metrics
 
 STEPS = ("step1", "step2", "step2_unfreeze", "step3", "step3_scratch", "custom")
 DEMO = "data/demo/raw/vqg"
@@ -98,11 +98,16 @@ class VQGConfig:
 
 # --- data --------------------------------------------------------------------------------------------
 
+def read_split(path: str) -> list:
+    """A split's images with their questions: VQG_COCO's csv, or VQA v1.0's questions json."""
+    return read_vqg_coco_csv(path) if path.endswith(".csv") else read_vqa_questions(path)
+
+
 class VQGSet:
     """An split's images with their questions, captions and region features, tokenised once."""
 
     def __init__(self, path: str, cfg: VQGDataConfig, tokenizer, captions: dict, features, inputs: str):
-        images = read_vqg_coco_csv(path) if path.endswith(".csv") else read_vqa_questions(path)
+        images = read_split(path)
         self.skipped: dict[str, list[str]] = {}
         kept = []
         for im in images:
@@ -237,30 +242,42 @@ def generate_questions(gen: BertGen, data: VQGSet, decode: DecodeConfig, batch_s
         idx = list(range(start, min(n, start + batch_size)))
         inp = gen.embed_input(**to_device(data.inputs_for(idx), device))
         res = generate(gen, inp, decode, end_id=gen.cfg.sep_token_id, pad_id=gen.cfg.pad_token_id)
+        tokens, lengths, scores = res.tokens.cpu(), res.lengths.tolist(), res.scores.tolist()
+        r = decode.num_return
         for j, i in enumerate(idx):
-            ids = res.tokens[j, : int(res.lengths[j])].tolist()
-            text = data.tokenizer.decode(ids, skip_special_tokens=True)
-            out.append({"image_id": data.images[i].image_id, "question": text, "score": float(res.scores[j])})
+            found = [{"question": data.tokenizer.decode(tokens[row, : lengths[row]].tolist(), skip_special_tokens=True),
+                      "score": scores[row], "length": lengths[row]} for row in range(j * r, (j + 1) * r)]
+            out.append({"image_id": data.images[i].image_id, **found[0]} |
+                       ({"alternatives": found[1:]} if r > 1 else {}))
     return out
 
 
 @torch.no_grad()
-def xsim(gen: BertGen, data: VQGSet, batch_size: int = 32, device="cpu", limit: int = 0) -> list[float]:
-    """Mean cosine between [CLS] of each image fed alone and [CLS] of its caption fed alone, per layer
-    (embedding output excluded): the paper's Figure 3."""
+def xsim(gen: BertGen, data: VQGSet, batch_size: int = 32, device="cpu", limit: int = 0) -> dict:
+    """Cosine between [CLS] of each image fed alone and [CLS] of its caption fed alone, per layer (embedding output
+    excluded): `xsim` is its mean over the images, the paper's Figure 3. `xsim_centred` first subtracts each
+    modality's mean [CLS] over the split, layer by layer: a [CLS] dominated by what every input shares (a random
+    post-LayerNorm BERT's is, cosine ~0.97 whatever the input) then scores near 0, and what is left is how the
+    image's and its own caption's deviations from the average agree. `per_image` / `per_image_centred` ([images]
+    of [layers]) and `image_ids` allow intervals and paired comparisons over images."""
     gen.eval()
     usable = [i for i, im in enumerate(data.images) if data.caption_ids[i] and im.image_id in data.features]
     usable = usable[:limit] if limit else usable
     if not usable:
         raise ValueError("Xsim needs images with both a caption and region features")
-    sums = None
+    imgs, caps = [], []
     for start in range(0, len(usable), batch_size):
         b = to_device(data.inputs_for(usable[start: start + batch_size], "both"), device)
-        img = gen.cls_states(gen.embed_input(features=b["features"], boxes=b["boxes"], region_mask=b["region_mask"]))
-        cap = gen.cls_states(gen.embed_input(text_ids=b["text_ids"], text_mask=b["text_mask"]))
-        cos = torch.nn.functional.cosine_similarity(img.float(), cap.float(), dim=-1).sum(1)
-        sums = cos if sums is None else sums + cos
-    return (sums / len(usable))[1:].tolist()
+        imgs.append(gen.cls_states(gen.embed_input(features=b["features"], boxes=b["boxes"],
+                                                   region_mask=b["region_mask"]))[1:].float().cpu())
+        caps.append(gen.cls_states(gen.embed_input(text_ids=b["text_ids"], text_mask=b["text_mask"]))[1:].float().cpu())
+    img, cap = torch.cat(imgs, 1), torch.cat(caps, 1)  # [layers, images, hidden]
+    cos = torch.nn.functional.cosine_similarity(img, cap, dim=-1)  # [layers, images]
+    centred = torch.nn.functional.cosine_similarity(img - img.mean(1, keepdim=True), cap - cap.mean(1, keepdim=True),
+                                                    dim=-1)
+    return {"xsim": cos.mean(1).tolist(), "xsim_centred": centred.mean(1).tolist(),
+            "per_image": cos.T.tolist(), "per_image_centred": centred.T.tolist(),
+            "image_ids": [data.images[i].image_id for i in usable]}
 
 
 @torch.no_grad()
@@ -303,13 +320,13 @@ def evaluate_run(gen: BertGen, cfg: VQGConfig, data: VQGSet, run_dir: Path, devi
     hyp = {p["image_id"]: p["question"] for p in preds}
     metrics = {"step": cfg.step, "split": split, "images": len(preds), "decode": asdict(cfg.decode),
                # beam search on a small model collapses onto a few safe questions: worth seeing next to BLEU
-               "distinct_questions": len({p["question"] for p in preds})}
+               **diversity([p["question"] for p in preds])}
     for tok in ("ptb", "nqg"):
         metrics[tok] = question_metrics(hyp, refs, tok, meteor=cfg.meteor)
     (run_dir / f"metrics_{split}.json").write_text(json.dumps(metrics, indent=1))
     if data.features is not None and any(data.caption_ids):
-        curve = xsim(gen, data, cfg.eval_batch_size, device, cfg.max_eval_images)
-        (run_dir / f"xsim_{split}.json").write_text(json.dumps({"step": cfg.step, "split": split, "xsim": curve}))
+        sims = xsim(gen, data, cfg.eval_batch_size, device, cfg.max_eval_images)
+        (run_dir / f"xsim_{split}.json").write_text(json.dumps({"step": cfg.step, "split": split, **sims}))
     views = run_dir / "attention"
     views.mkdir(exist_ok=True)
     gen = gen.cpu()  # a few single-image passes; their inputs are built on the host

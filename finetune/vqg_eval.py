@@ -11,9 +11,9 @@ Tokenisation matters and papers rarely say which they used, so both are offered 
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
-import torch
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.meteor.meteor import Meteor
@@ -57,6 +57,24 @@ def question_metrics(predictions: dict[str, str], references: dict[str, list[str
     return out
 
 
+def distinct_n(texts: list[str], n: int) -> float:
+    """Distinct-n (Li et al., NAACL 2016): distinct n-grams over all n-grams of all texts (nqg tokenisation), so
+    1.0 when no n-gram repeats anywhere and near 0 when every text is the same."""
+    grams = [tuple(toks[i: i + n]) for t in texts for toks in [nqg_tokenize(t).split()]
+             for i in range(len(toks) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def diversity(questions: list[str]) -> dict:
+    """How varied a model's questions over a split are: distinct questions, distinct-1/2, and the most frequent
+    question with its share (a collapsed model gives one question to most images)."""
+    counts = Counter(questions)
+    top, top_n = counts.most_common(1)[0] if counts else ("", 0)
+    return {"distinct_questions": len(counts), "distinct_1": distinct_n(questions, 1),
+            "distinct_2": distinct_n(questions, 2), "top_question": top,
+            "top_share": top_n / len(questions) if questions else 0.0}
+
+
 def _close_meteor(scorer) -> None:
     proc = getattr(scorer, "meteor_p", None)
     if proc is not None and proc.poll() is None:
@@ -67,11 +85,6 @@ def _close_meteor(scorer) -> None:
 
 
 # --- Xsim ---------------------------------------------------------------------------------------------
-
-def cosine_by_layer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[layers + 1, B, hidden] twice -> mean cosine per layer [layers + 1]."""
-    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean(1)
-
 
 def plot_xsim(curves: dict[str, list[float]], path, title: str = "Cross-modal similarity Xsim") -> None:
     # lazy: matplotlib (~0.5 s to import) only when a figure is drawn

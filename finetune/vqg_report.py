@@ -1,6 +1,8 @@
 """The BERT-gen protocol's report: every finished step's metrics side by side (Table 1 of the paper,
-under both tokenisations), and Xsim per layer for every step plus a random-weights transformer
-(Figure 3), as JSON, Markdown and a PNG.
+under both tokenisations, with how many distinct questions each generates), and Xsim per layer for every step
+plus a random-weights transformer (Figure 3), as JSON, Markdown and PNGs. Xsim as the paper defines it sits near 1
+for a random-weights BERT too, so the report adds each model's per-layer gap to the random one on the same images
+(95% interval, bootstrap over images) and a centred Xsim (each modality's mean [CLS] removed).
 
     python -m finetune.vqg_report --config launch/configs/vqg_demo.yaml --runs runs/vqg [--out DIR]
 """
@@ -12,8 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from diagnostics.statistics import clustered_bootstrap
 from model.bert_gen import BertGen
 from model.config import load_config
 from model.export import is_export_dir, load_config_dir
@@ -42,7 +46,7 @@ def collect(runs: Path, split: str) -> dict[str, dict]:
     return found
 
 
-def random_transformer_xsim(model_dir: Path, cfg: VQGConfig, seed: int = 0) -> list[float]:
+def random_transformer_xsim(model_dir: Path, cfg: VQGConfig, seed: int = 0) -> dict:
     """Xsim of the same architecture with every weight at its random initialisation."""
 
     torch.manual_seed(seed)
@@ -54,27 +58,59 @@ def random_transformer_xsim(model_dir: Path, cfg: VQGConfig, seed: int = 0) -> l
     return xsim(gen, data, cfg.eval_batch_size, limit=cfg.max_eval_images)
 
 
-def markdown(found: dict[str, dict], random_curve: list[float] | None) -> str:
+def gap_to_random(entry: dict, random: dict, key: str = "per_image") -> list[dict]:
+    """Per layer: the model's Xsim minus the random-weights transformer's on the same images, with a 95% interval
+    from a bootstrap over images (one caption each, so the image is the unit)."""
+    ours = dict(zip(entry["image_ids"], entry[key]))
+    both = [i for i in random["image_ids"] if i in ours]
+    theirs = dict(zip(random["image_ids"], random[key]))
+    diff = np.array([ours[i] for i in both]) - np.array([theirs[i] for i in both])  # [images, layers]
+    return [clustered_bootstrap(diff[:, layer], np.arange(len(both))) for layer in range(diff.shape[1])]
+
+
+def xsim_tables(found: dict[str, dict], random: dict | None) -> list[str]:
+    lines = []
+    for key, what in (("xsim", "the paper's Xsim: cosine of [CLS] for the image alone and the caption alone"),
+                      ("xsim_centred", "centred Xsim: each modality's mean [CLS] over the split subtracted first")):
+        curves = {LABELS[s]: e["xsim"][key] for s, e in found.items() if key in e.get("xsim", {})}
+        if not curves:
+            continue
+        n = len(next(iter(curves.values())))
+        lines += [f"### Per layer, {what}", "", "| model | " + " | ".join(str(i) for i in range(1, n + 1)) + " |",
+                  "|---|" + "---|" * n]
+        if random and key in random:
+            curves = {"Random Transformer": random[key], **curves}
+        lines += [f"| {name} | " + " | ".join(f"{v:.3f}" for v in c) + " |" for name, c in curves.items()]
+        lines.append("")
+        if not random or key not in random:
+            continue
+        per = "per_image" if key == "xsim" else "per_image_centred"
+        lines += ["Minus the random-weights transformer on the same images (95% interval, bootstrap over images):",
+                  "", "| model | " + " | ".join(str(i) for i in range(1, n + 1)) + " |", "|---|" + "---|" * n]
+        for s, e in found.items():
+            if per in e.get("xsim", {}):
+                gaps = gap_to_random(e["xsim"], random, per)
+                lines.append(f"| {LABELS[s]} | " + " | ".join(
+                    f"{g['mean']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}]" for g in gaps) + " |")
+        lines.append("")
+    return lines
+
+
+def markdown(found: dict[str, dict], random: dict | None) -> str:
     lines = []
     for tok, what in (("ptb", "pycocoevalcap PTB tokenizer: lowercased, punctuation (\"?\") dropped"),
                       ("nqg", "nqg-style: lowercased, punctuation kept as tokens")):
-        lines += [f"### Tokenisation: {what}", "", "| model | " + " | ".join(METRICS) + " |",
-                  "|---|" + "---|" * len(METRICS)]
+        lines += [f"### Tokenisation: {what}", "",
+                  "| model | " + " | ".join(METRICS) + " | distinct questions | distinct-2 |",
+                  "|---|" + "---|" * (len(METRICS) + 2)]
         for step, e in found.items():
             m = e["metrics"][tok]
             cells = " | ".join(f"{100 * m[k]:.2f}" if k in m else "-" for k in METRICS)
-            lines.append(f"| {LABELS[step]} | {cells} |")
+            d = e["metrics"]
+            extra = f" {d['distinct_questions']} | {d['distinct_2']:.3f} |" if "distinct_2" in d else " - | - |"
+            lines.append(f"| {LABELS[step]} | {cells} |{extra}")
         lines.append("")
-    curves = {LABELS[s]: e["xsim"]["xsim"] for s, e in found.items() if "xsim" in e}
-    if curves:
-        n = len(next(iter(curves.values())))
-        lines += ["### Xsim per layer (cosine of [CLS] for the image alone and the caption alone)", "",
-                  "| model | " + " | ".join(str(i) for i in range(1, n + 1)) + " |", "|---|" + "---|" * n]
-        if random_curve:
-            curves = {"Random Transformer": random_curve, **curves}
-        for name, c in curves.items():
-            lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in c) + " |")
-        lines.append("")
+    lines += xsim_tables(found, random)
     lines += ["### Where each model came from", ""]
     for step, e in found.items():
         o = e.get("origin", {})
@@ -99,20 +135,26 @@ def main(argv: list[str] | None = None) -> int:
     found = collect(runs, cfg.eval_split)
     if not found:
         raise SystemExit(f"{runs}: no finished step (no */metrics_{cfg.eval_split}.json)")
-    random_curve = None
+    random = None
     first = next((runs / s / "model" for s in found if is_export_dir(runs / s / "model")), None)
     if first is not None and any("xsim" in e for e in found.values()):
-        random_curve = random_transformer_xsim(first, cfg)
-    report = {"split": cfg.eval_split, "steps": found, "random_transformer_xsim": random_curve}
+        random = random_transformer_xsim(first, cfg)
+    report = {"split": cfg.eval_split, "steps": found, "random_transformer_xsim": random}
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "report.md").write_text(markdown(found, random_curve))
+    (out / "report.md").write_text(markdown(found, random))
     curves = {LABELS[s]: e["xsim"]["xsim"] for s, e in found.items() if "xsim" in e}
-    if random_curve:
-        curves = {"Random Transformer": random_curve, **curves}
     if curves:
+        centred = {LABELS[s]: e["xsim"]["xsim_centred"] for s, e in found.items()
+                   if "xsim_centred" in e.get("xsim", {})}
+        if random:
+            curves = {"Random Transformer": random["xsim"], **curves}
+            centred = {"Random Transformer": random["xsim_centred"], **centred}
         plot_xsim(curves, out / "xsim.png")
+        if centred:
+            plot_xsim(centred, out / "xsim_centred.png", "Centred Xsim (each modality's mean [CLS] removed)")
     print((out / "report.md").read_text())
-    print(f"report: {out}/report.md, report.json" + (", xsim.png" if curves else ""), file=sys.stderr)
+    print(f"report: {out}/report.md, report.json" + (", xsim.png, xsim_centred.png" if curves else ""),
+          file=sys.stderr)
     return 0
 
 

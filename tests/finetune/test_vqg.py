@@ -193,7 +193,32 @@ def test_step2_trains_only_the_projection(tiny_vqg):
     assert origin["trainable_parameters"] == 32 * (8 + 4) + 32
     metrics = json.loads((d / "step2/metrics_test.json").read_text())
     assert set(metrics["ptb" if shutil.which("java") else "nqg"]) >= {"Bleu_4", "CIDEr", "ROUGE_L"}
-    assert len(json.loads((d / "step2/xsim_test.json").read_text())["xsim"]) == 2  # one value per layer
+    sims = json.loads((d / "step2/xsim_test.json").read_text())
+    assert len(sims["xsim"]) == len(sims["xsim_centred"]) == 2  # one value per layer
+    np.testing.assert_allclose(np.mean(sims["per_image"], 0), sims["xsim"], atol=1e-6)
+    # centred: each modality's per-layer mean over the images removed, recomputed here from the [CLS] states
+    from finetune.vqg import VQGDataConfig, VQGSet, load_bert_gen
+    from finetune.vqg_data import open_features, read_coco_captions
+    from shards.tokenizer import load_tokenizer
+
+    gen = load_bert_gen(d / "step2/model").eval()
+    data = VQGSet(str(d / "coco_test_all.csv"), VQGDataConfig(max_regions=36), load_tokenizer(str(d / "step2/model")),
+                  read_coco_captions([str(d / "captions.json")]), open_features(str(d / "feats.tsv")), "image")
+    b = data.inputs_for(list(range(len(data.images))), "both")
+    with torch.no_grad():
+        img = gen.cls_states(gen.embed_input(features=b["features"], boxes=b["boxes"], region_mask=b["region_mask"]))
+        cap = gen.cls_states(gen.embed_input(text_ids=b["text_ids"], text_mask=b["text_mask"]))
+    img, cap = img[1:].numpy(), cap[1:].numpy()
+    img, cap = img - img.mean(1, keepdims=True), cap - cap.mean(1, keepdims=True)
+    want = ((img * cap).sum(-1) / np.linalg.norm(img, axis=-1) / np.linalg.norm(cap, axis=-1)).T
+    np.testing.assert_allclose(sims["per_image_centred"], want, atol=1e-5)
+    from finetune.vqg_report import gap_to_random
+
+    gaps = gap_to_random(sims, sims)  # a model against itself: no gap, no width
+    assert all(g["mean"] == 0 and g["ci95"] == [0, 0] for g in gaps)
+    # each generated question is scored by its own log P and length, the end token included
+    preds = json.loads((d / "step2/predictions_test.json").read_text())
+    assert all(1 <= p["length"] <= 6 and p["score"] <= 0 for p in preds)
     assert list((d / "step2/attention").glob("*.png"))
     # Step 3 takes Θ from step 1 and W from step 2; the record says so
     run_vqg(d, "step3", "step=step3", "inputs=both", f"init={d}/step1/model", f"init_projection={d}/step2/model",
@@ -260,3 +285,59 @@ def test_our_detector_features_as_bottom_up_tsv(tmp_path):
         alone = detector.eval()(image, torch.tensor([[64, 96]]), torch.from_numpy(entries[1][1])[None],
                                 torch.ones(1, 2, dtype=torch.bool))["appearance"][0, 1:]
     np.testing.assert_allclose(r.features, alone.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_distinct_n_and_diversity_by_hand():
+    from finetune.vqg_eval import distinct_n, diversity
+
+    texts = ["a b a", "A b"]
+    assert distinct_n(texts, 1) == pytest.approx(2 / 5)  # a b a a b
+    assert distinct_n(texts, 2) == pytest.approx(2 / 3)  # (a b) (b a) (a b)
+    d = diversity(["x?", "y?", "x?", "x?"])
+    assert d["distinct_questions"] == 2 and d["top_question"] == "x?" and d["top_share"] == 0.75
+
+
+def test_decoding_diagnosis_by_hand():
+    """Search error and the model's own preference, on hand-made scores: image 0's beam returned "b?" (log P -3
+    over 3 tokens) while its reference "a?" scores -2 over 3 (the model ranks it higher: a search error) and is
+    generic; image 1's beam returned its best reference itself."""
+    from types import SimpleNamespace
+
+    from finetune.vqg_decoding import diagnose
+
+    data = SimpleNamespace(pairs=[(0, "a?"), (0, "b?"), (1, "a?"), (1, "c?")],
+                           images=[SimpleNamespace(image_id="10"), SimpleNamespace(image_id="11")])
+    ref_logp, ref_len = np.array([-2.0, -3.0, -4.0, -1.0]), np.array([3, 3, 3, 2])
+    preds = [{"image_id": "10", "question": "b?", "score": -3.0, "length": 3},
+             {"image_id": "11", "question": "c?", "score": -1.0, "length": 2}]
+    out = diagnose(preds, data, ref_logp, ref_len, alpha=1.0, generic={"a?"})
+    assert out == {"search_error": 0.5, "model_prefers_generic": 0.5}
+    # with length penalty 0 image 1's ranks are -4 and -1: still its own question first, and image 0 unchanged
+    assert diagnose(preds, data, ref_logp, ref_len, alpha=0.0, generic={"a?"})["search_error"] == 0.5
+    # a question equal to the best reference is never an error, whatever the float noise in its score
+    preds[0] = {"image_id": "10", "question": "A?", "score": -2.5, "length": 3}
+    assert diagnose(preds, data, ref_logp, ref_len, alpha=1.0, generic=set())["search_error"] == 0.0
+
+
+def test_decoding_diagnosis_runs_on_a_trained_model(tiny_vqg, tmp_path):
+    from finetune.vqg_decoding import main
+
+    d = tiny_vqg
+    run_vqg(d, "dec", "step=step3_scratch", "inputs=both", f"init={d}/bert", "epochs=1")
+    args = ["--run", str(d / "dec"), "--out", str(tmp_path), "--generic-share", "0.9",
+            "--variants", "greedy,beam,diverse",
+            f"data.train={d}/coco_train_all.csv", f"data.test={d}/coco_test_all.csv",
+            f"data.captions=[{d}/captions.json]", f"data.features={d}/feats.tsv", "decode.max_length=6"]
+    assert main(args) == 0
+    out = json.loads((tmp_path / "decoding.json").read_text())
+    # "what color is the circle?" is asked of every training image, "is the circle red?" of a third
+    assert out["generic"] == ["what color is the circle?"]
+    rows = {r["name"]: r for r in out["variants"]}
+    for r in rows.values():
+        qs = [e["question"] for e in r["examples"]]  # all 4 test images
+        assert r["images"] == 4 and r["distinct_questions"] == len(set(qs))
+        assert r["generic_share"] == pytest.approx(np.mean([q == "what color is the circle?" for q in qs]))
+    div = rows["diverse beam: 3 groups of 2, penalty 1"]
+    assert "search_error" in rows["beam (the config's)"] and "search_error" in rows["greedy"]
+    assert all(len(e["alternatives"]) == 2 for e in div["examples"]) and 1 <= div["per_image"]["distinct"] <= 3
+    assert (tmp_path / "decoding.png").stat().st_size > 0 and "search error" in (tmp_path / "decoding.md").read_text()

@@ -3,8 +3,17 @@
 import pytest
 import torch
 
-from finetune.generate import DecodeConfig, MinLength, NoRepeatNGram, constraints, generate, warpers
-from model.bert_gen import INPUT, PSEUDO_MASK, TARGET, BertGen, attention_rule
+from finetune.generate import (
+    DecodeConfig,
+    MinLength,
+    NoRepeatNGram,
+    beam_search,
+    check,
+    constraints,
+    generate,
+    warpers,
+)
+from model.bert_gen import INPUT, PSEUDO_MASK, TARGET, BertGen, attention_rule, select_input
 from model.config import model_config
 
 END = 4  # the tiny preset's [SEP]
@@ -138,3 +147,91 @@ def test_ngram_blocking_and_min_length_equal_the_transformers_processors():
             assert torch.equal(NoRepeatNGram(n)(history, scores), want), (n, t)
             want = MinLengthLogitsProcessor(n + 2, eos_token_id=END)(history, scores)
             assert torch.equal(MinLength(n + 2, END)(history, scores), want), (n, t)
+
+
+class _Table:
+    """A stepper whose next-token log-probabilities depend only on the step: hand-checkable beams."""
+
+    def __init__(self, rows: list[list[float]]):
+        self.logp = torch.log(torch.tensor(rows))
+
+    def __call__(self, history):
+        return self.logp[history.shape[1]].expand(history.shape[0], -1).clone()
+
+    def select(self, index):
+        pass
+
+
+def test_diverse_beam_search_by_hand():
+    # vocabulary: 0 pad, 1 end, 2 "a", 3 "b"; two steps, then the end token is certain
+    table = _Table([[1e-9, 0.1, 0.6, 0.3], [1e-9, 0.1, 0.5, 0.4], [1e-9, 1.0, 1e-9, 1e-9]])
+    cfg = DecodeConfig(beam_size=2, beam_groups=2, num_return=2, max_length=3, length_penalty=0.0)
+    same = beam_search(table, 1, cfg, end_id=1, pad_id=0, dev="cpu")
+    assert same.tokens.tolist() == [[2, 2, 1], [2, 2, 1]]  # no penalty: both groups find "a a"
+    # a penalty of 1 per earlier group's beam: group 1 ranks "a" at log 0.6 - 1 < log 0.3, so takes "b", then
+    # at step 2 "a" at log 0.5 - 1 < log 0.4: "b b", scored by the model alone, log(0.3 * 0.4 * 1)
+    div = beam_search(table, 1, DecodeConfig(**{**cfg.__dict__, "diversity_penalty": 1.0}), 1, 0, "cpu")
+    assert div.tokens.tolist() == [[2, 2, 1], [3, 3, 1]]
+    torch.testing.assert_close(div.scores, torch.log(torch.tensor([0.6 * 0.5, 0.3 * 0.4])))
+    # plain beam search returns its top beams: "a a" (0.30), "a b" (0.24)
+    top = beam_search(table, 1, DecodeConfig(beam_size=2, num_return=2, max_length=3, length_penalty=0.0), 1, 0,
+                      "cpu")
+    assert top.tokens.tolist() == [[2, 2, 1], [2, 3, 1]]
+
+
+def _reference_diverse_beam(model, inp, cfg, end):
+    """Vijayakumar et al.'s algorithm as written, one input and one hypothesis at a time (no batching, no cache):
+    for each step, groups in order, every live hypothesis' every next token ranked by its length-normalised log P
+    minus the penalty for each earlier group's pick of that token at this step; a finished hypothesis carries
+    over unchanged."""
+    kg = cfg.beam_size // cfg.beam_groups
+    out = []
+    for i in range(inp.mask.shape[0]):
+        one = select_input(inp, torch.tensor([i]))
+        groups = [[([], 0.0, False)] for _ in range(cfg.beam_groups)]
+        for _ in range(cfg.max_length):
+            picked = []
+            for g in range(cfg.beam_groups):
+                cands = []
+                for toks, score, fin in groups[g]:
+                    if fin:
+                        cands.append((score / max(len(toks), 1) ** cfg.length_penalty, toks, score, True, None))
+                        continue
+                    logp = model.naive_step(one, torch.tensor([toks], dtype=torch.long))[0]
+                    for v in range(logp.shape[0]):
+                        s = score + float(logp[v])
+                        ranked = s / (len(toks) + 1) ** cfg.length_penalty - cfg.diversity_penalty * picked.count(v)
+                        cands.append((ranked, toks + [v], s, v == end, v))
+                cands.sort(key=lambda c: -c[0])
+                groups[g] = [(t, s, f) for _, t, s, f, _ in cands[:kg]]
+                picked += [v for *_, v in cands[:kg] if v is not None]
+            if all(f for grp in groups for *_, f in grp):
+                break
+        bests = [max(grp, key=lambda h: h[1] / max(len(h[0]), 1) ** cfg.length_penalty) for grp in groups]
+        bests.sort(key=lambda h: -h[1] / max(len(h[0]), 1) ** cfg.length_penalty)
+        out += bests[: cfg.num_return]
+    return out
+
+
+def test_diverse_beam_search_equals_the_papers_algorithm(model):
+    cfg = DecodeConfig(beam_size=4, beam_groups=2, diversity_penalty=2.0, num_return=2, max_length=5,
+                       length_penalty=0.7)
+    with torch.no_grad():
+        inp = model.embed_input(**batch())
+        got = generate(model, inp, cfg, end_id=END)
+        want = _reference_diverse_beam(model, inp, cfg, END)
+    for row, (toks, score, _) in enumerate(want):
+        assert got.tokens[row, : int(got.lengths[row])].tolist() == toks, row
+        assert abs(float(got.scores[row]) - score) < 1e-4
+    # the penalty is what makes the groups differ: without it every group finds the same best sequence
+    same = generate(model, inp, DecodeConfig(**{**cfg.__dict__, "diversity_penalty": 0.0}), end_id=END)
+    assert torch.equal(same.tokens[0::2], same.tokens[1::2])
+    plain = generate(model, inp, DecodeConfig(beam_size=2, max_length=5, length_penalty=0.7), end_id=END)
+    assert torch.equal(same.tokens[0::2], plain.tokens)
+
+
+def test_decode_fields_are_checked():
+    for bad, field in ((dict(beam_size=4, beam_groups=3), "beam_groups"), (dict(num_return=2, method="greedy"),
+                       "num_return"), (dict(beam_size=4, beam_groups=2, num_return=3), "num_return")):
+        with pytest.raises(ValueError, match=field):
+            check(DecodeConfig(**bad))
