@@ -36,13 +36,11 @@ measurement inside pretraining (`engine.eval_every`), to TensorBoard.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from model.config import load_config
 from model.export import load_pretrained
@@ -52,7 +50,7 @@ from shards.region_features import FeatureExtractor
 from shards.tokenizer import bert_source_dir, load_tokenizer
 
 from .conditions import LANGUAGE_FOR_VISION, VISION_FOR_LANGUAGE, Ablator, evaluate
-from .config import DiagnosticConfig
+from .config import DiagnosticConfig, command_line, model_specs
 from .data import PhraseData
 from .plots import ablation_figures
 from .statistics import format_interval, paired_test, summarise
@@ -160,18 +158,14 @@ def _text_baseline(path: str) -> tuple[VLBertForPretraining, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Cross-modal input ablation diagnostic (Frank et al. 2021)",
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
-                   help="an exported VL-BERT directory (repeat for several models side by side)")
+    p = command_line("Cross-modal input ablation diagnostic (Frank et al. 2021)", __doc__,
+                     config_name="DiagnosticConfig", out="runs/ablation", models_required=False,
+                     model_help="an exported VL-BERT directory (repeat for several models side by side)",
+                     overrides_example="max_examples=500")
     p.add_argument("--text-baseline", metavar="DIR",
                    help="a text-only HF BERT directory with its MLM head (BertForMaskedLM / BertForPreTraining)")
-    p.add_argument("--config", help="DiagnosticConfig YAML")
-    p.add_argument("--out", default="runs/ablation")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("overrides", nargs="*", help="DiagnosticConfig fields as key=value, e.g. max_examples=500")
     args = p.parse_args(argv)
+    models = model_specs(p, args.model)
     if not args.model and not args.text_baseline:
         p.error("give at least one --model NAME=DIR or --text-baseline")
     cfg = load_config(DiagnosticConfig, args.config, args.overrides)
@@ -179,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"config": cfg.__dict__, "models": {}}
     runs = []
-    for spec in args.model:
-        name, sep, path = spec.partition("=")
-        if not sep:
-            p.error(f"--model '{spec}': expected NAME=DIR")
+    for name, path in models:
         runs.append((name, lambda path=path: (load_pretrained(path), path), True))
     if args.text_baseline:
         runs.append(("text-only BERT", lambda: _text_baseline(args.text_baseline), False))

@@ -4,7 +4,11 @@ its periodic evaluation."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
 
 
 @dataclass
@@ -43,3 +47,32 @@ class DiagnosticConfig(HeldOutConfig):
 @dataclass
 class GroundingConfig(HeldOutConfig):
     max_images: int | None = None  # the first N images of the split (None = all)
+
+
+def command_line(description: str, doc: str, *, config_name: str, out: str, models_required: bool,
+                 model_help: str, overrides_example: str) -> argparse.ArgumentParser:
+    """The diagnostics' shared command line: --model NAME=DIR (repeated), --config, --out, --device, overrides."""
+    p = argparse.ArgumentParser(description=description, epilog=doc.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=[], metavar="NAME=DIR", required=models_required,
+                   help=model_help)
+    p.add_argument("--config", help=f"{config_name} YAML")
+    p.add_argument("--out", default=out)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("overrides", nargs="*", help=f"{config_name} fields as key=value, e.g. {overrides_example}")
+    return p
+
+
+def model_specs(parser: argparse.ArgumentParser, specs: list[str]) -> list[tuple[str, str]]:
+    """(name, directory) of each --model NAME=DIR, refused with the spec named before any model loads."""
+    out = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name:
+            parser.error(f"--model '{spec}': expected NAME=DIR")
+        if not Path(path).is_dir():
+            parser.error(f"--model '{spec}': {path} is not a directory")
+        if name in dict(out):
+            parser.error(f"--model '{spec}': the name '{name}' is given twice")
+        out.append((name, path))
+    return out

@@ -27,7 +27,6 @@ matched control (`masking.ablate_image=true`, same seed and schedule) must stay 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
@@ -54,7 +53,7 @@ from shards.tokenizer import load_tokenizer
 from .ablation import feature_extractor
 from .categories import CHANCE, MRC_SPLITS, NAMED_BY_SPAN, REPORTED, span_naming_lengths, word_category
 from .conditions import resolve_fill, training_means
-from .config import GroundingConfig
+from .config import GroundingConfig, command_line, model_specs
 from .plots import grounding_figure
 from .statistics import clustered_bootstrap, format_interval
 
@@ -294,24 +293,17 @@ def table(summaries: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Grounding: masked-word accuracy per category, MRC by visibility",
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=[], metavar="NAME=DIR", required=True,
-                   help="an exported VL-BERT directory (repeat to compare, e.g. with the image-ablated control)")
-    p.add_argument("--config", help="GroundingConfig YAML")
-    p.add_argument("--out", default="runs/grounding")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("overrides", nargs="*", help="GroundingConfig fields as key=value, e.g. max_images=50")
+    p = command_line("Grounding: masked-word accuracy per category, MRC by visibility", __doc__,
+                     config_name="GroundingConfig", out="runs/grounding", models_required=True,
+                     model_help="an exported VL-BERT directory (repeat to compare, e.g. with the image-ablated "
+                                "control)", overrides_example="max_images=50")
     args = p.parse_args(argv)
+    models = model_specs(p, args.model)
     cfg = load_config(GroundingConfig, args.config, args.overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summaries = {}
-    for spec in args.model:
-        name, sep, path = spec.partition("=")
-        if not sep:
-            p.error(f"--model '{spec}': expected NAME=DIR")
+    for name, path in models:
         model, tokenizer_dir = load_pretrained(path), path
         model = model.to(args.device).eval()
         ev = GroundingEval(cfg, load_tokenizer(str(tokenizer_dir)), feature_extractor(model, args.device))

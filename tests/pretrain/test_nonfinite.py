@@ -22,24 +22,19 @@ ROOT = Path(__file__).resolve().parents[2]
 _RUN = r"""
 import json, sys
 import torch
+from tests.toy_engine import CountingLoader
 from train.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
 
 args = json.loads(sys.argv[1])
 
-class Loader:
+class Loader(CountingLoader):
     # batch i (from 1) is x = i-dependent values; data poison: NaN inputs; grad poison: an inf gradient
     # under a finite loss
-    def __init__(self): self.i = 0
-    def state_dict(self): return {"i": self.i}
-    def load_state_dict(self, s): self.i = s["i"]
-    def __iter__(self):
-        while True:
-            self.i += 1
-            g = torch.Generator().manual_seed(self.i)
-            x = torch.randn(4, 3, generator=g)
-            if self.i in args["nan_data"]:
-                x[1, 2] = float("nan")
-            yield {"x": x, "grad_poison": torch.tensor(self.i in args["inf_grad"]), "keys": [f"b{self.i}"]}
+    def batch(self, i):
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(i))
+        if i in args["nan_data"]:
+            x[1, 2] = float("nan")
+        return {"x": x, "grad_poison": torch.tensor(i in args["inf_grad"]), "keys": [f"b{i}"]}
 
 class Module(torch.nn.Module):
     def __init__(self):

@@ -15,22 +15,7 @@ import torch
 from model.config import ConfigError
 from train.engine import Engine, EngineConfig, OptimConfig, entry_point, init_distributed
 
-class Loader:
-    def __init__(self): self.i = 0
-    def state_dict(self): return {"i": self.i}
-    def load_state_dict(self, s): self.i = s["i"]
-    def __iter__(self):
-        while True:
-            self.i += 1
-            yield {"x": torch.full((2, 3), float(self.i))}
-
-class Module(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(3, 1)
-    def forward(self, batch):
-        loss = self.lin(batch["x"]).square().mean()
-        return loss, {"loss/total": loss.detach()}
+from tests.toy_engine import CountingLoader as Loader, LinearModule as Module
 
 def main():
     run_dir, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]

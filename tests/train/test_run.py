@@ -23,22 +23,7 @@ class ToyConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
-class Loader:
-    def __init__(self): self.i = 0
-    def state_dict(self): return {"i": self.i}
-    def load_state_dict(self, s): self.i = s["i"]
-    def __iter__(self):
-        while True:
-            self.i += 1
-            yield {"x": torch.full((2, 3), float(self.i))}
-
-class Module(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(3, 1)
-    def forward(self, batch):
-        loss = self.lin(batch["x"]).square().mean()
-        return loss, {"loss/total": loss.detach()}
+from tests.toy_engine import CountingLoader as Loader, LinearModule as Module
 
 class Toy:
     description, doc, config_cls = "toy", "", ToyConfig
