@@ -2,7 +2,7 @@
 predict words (vision-for-language), and the words to predict regions (language-for-vision)?
 
     python -m diagnostics.ablation --model vl=runs/demo/export --model no-image=runs/demo-noimg/export \\
-        --text-baseline packaged --out runs/ablation [--config F] [key=value ...]
+        --text-baseline packaged --config launch/configs/heldout_demo.yaml --out runs/ablation [key=value ...]
 
 Data: Flickr30k Entities as distributed (`shards.flickr30k_entities`), the images, and a box file of
 the images' detector regions keyed `<id>.jpg` (`python -m shards.detect` writes one), whose class

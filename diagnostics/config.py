@@ -10,14 +10,19 @@ from pathlib import Path
 
 import torch
 
+from model.config import required
+
 
 @dataclass
 class HeldOutConfig:
     """Held-out images with sentences in Flickr30k Entities' format, as the diagnostics read them."""
-    flickr_root: str = "data/demo/raw/flickr30k_entities"  # Sentences/, Annotations/, <split>.txt
+    flickr_root: str = required()  # Sentences/, Annotations/, <split>.txt
     split: str = "val"
-    images: str = "data/demo/raw/images"  # <image_id>.jpg
-    boxes: str = "data/demo/raw/flickr30k_entities/boxes_val.jsonl"  # regions, keyed <image_id>.jpg
+    images: str = required()  # <image_id>.jpg
+    boxes: str = required()  # regions, keyed <image_id>.jpg
+    # the detector's class names (JSON list), the cross-modal ablation's gold labels for MRC; None: none. The
+    # grounding table reads regions' names from the model's own vocabulary instead
+    class_names: str | None = None
     short_side: int = 128  # image resizing as the model was trained (the paper's setting: 600 / 1000)
     long_side: int = 192
     max_regions: int = 100  # highest-scoring regions kept per image
@@ -33,7 +38,6 @@ class HeldOutConfig:
 
 @dataclass
 class DiagnosticConfig(HeldOutConfig):
-    class_names: str | None = "data/demo/raw/class_names.json"  # detector classes, for gold labels
     tau: float = 0.5  # IoT threshold of Object ablation and of co-masking around the MRC target
     sweep: list = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # taus of the Figure 3 sweep
     max_words: int = 100  # word-pieces per sentence; longer sentences are skipped and counted
@@ -56,7 +60,8 @@ def command_line(description: str, doc: str, *, config_name: str, out: str, mode
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], metavar="NAME=DIR", required=models_required,
                    help=model_help)
-    p.add_argument("--config", help=f"{config_name} YAML")
+    p.add_argument("--config", help=f"{config_name} YAML naming the held-out data (the demo's: "
+                                    "launch/configs/heldout_demo.yaml), or give its fields as overrides")
     p.add_argument("--out", default=out)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("overrides", nargs="*", help=f"{config_name} fields as key=value, e.g. {overrides_example}")

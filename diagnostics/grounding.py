@@ -1,7 +1,7 @@
 """Grounding measurements on held-out captions: does a pretrained model read what the image shows?
 
     python -m diagnostics.grounding --model image=runs/demo/export --model control=runs/demo-noimg/export \\
-        --out runs/grounding [--config F] [key=value ...]
+        --config launch/configs/heldout_demo.yaml --out runs/grounding [key=value ...]
 
 Data: the held-out split in Flickr30k Entities' format (as `diagnostics.ablation`), its images and box file.
 Two measurements, each with a 95% interval from a bootstrap that resamples images (the sentences, words

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import box_iou
+from model.config import required
 from model.heads import BertPredictionHeadTransform
 from shards.coco import CocoFormatError, read_instances, xywh_to_xyxy
 from shards.images import collate_visual, load_image
@@ -97,9 +98,9 @@ def read_detections(path: str | Path) -> dict[int, list[list[float]]]:
 
 @dataclass
 class RefDataConfig:
-    refs: str = "data/demo/raw/refcoco+/refs(unc).p"
-    instances: str = "data/demo/raw/refcoco+/instances.json"
-    detections: str = "data/demo/raw/refcoco+/dets.json"
+    refs: str = required()
+    instances: str = required()
+    detections: str = required()
     max_query_tokens: int = 24
 
 

@@ -34,6 +34,7 @@ from torch import nn
 from tqdm import tqdm
 
 from diagnostics.statistics import clustered_bootstrap
+from model.config import required
 from shards.skips import SkipLog
 from train.engine import entry_point, to_device
 
@@ -52,9 +53,9 @@ RECALL_AT = (1, 5, 10)
 
 @dataclass
 class RetrievalDataConfig:
-    karpathy: str = "data/demo/raw/retrieval/dataset_flickr30k.json"
+    karpathy: str = required()
     images: str = "images/{filename}"  # relative to image.root; {filepath} is COCO's image folder
-    boxes: str = "data/demo/raw/boxes.jsonl"  # box file keyed by the image path above
+    boxes: str = required()  # box file keyed by the image path above
     max_caption_tokens: int = 40
 
 

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.config import required
 from model.heads import BertPredictionHeadTransform
 from shards.images import collate_visual, load_image
 from shards.skips import SkipLog, numbered_lines
@@ -147,8 +148,8 @@ def piece(tokenizer, words: list[tuple[str, int]], max_regions: int) -> tuple[li
 
 @dataclass
 class VCRDataConfig:
-    root: str = "data/demo/raw/vcr"  # {split}.jsonl
-    images: str = "data/demo/raw"  # img_fn and metadata_fn are relative to it (VCR: vcr1images/)
+    root: str = required()  # {split}.jsonl
+    images: str = required()  # img_fn and metadata_fn are relative to it (VCR: vcr1images/)
     answer_from: str | None = None  # QA->R on a split without labels: a Q->A run's predictions_<split>.json
     max_a_tokens: int = 64
     max_b_tokens: int = 64

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.config import required
 from model.heads import BertPredictionHeadTransform
 from model.vl_bert import word_table
 from shards.skips import SkipLog
@@ -77,12 +78,12 @@ def question_type_prior(questions: list[VQAQuestion]) -> dict[str, str]:
 
 @dataclass
 class VQADataConfig:
-    root: str = "data/demo/raw/vqa"
+    root: str = required()
     questions: str = "v2_OpenEnded_mscoco_{split}_questions.json"  # relative to root
     annotations: str = "v2_mscoco_{split}_annotations.json"
     # relative to image.root; {image_dir} is the split's image folder (test-dev2015 -> test2015)
     images: str = "images/{image_id:06d}.jpg"
-    boxes: str = "data/demo/raw/boxes.jsonl"  # box file keyed by the image path above
+    boxes: str = required()  # box file keyed by the image path above
     train_splits: list = field(default_factory=lambda: ["train2014"])
     answer_min_count: int = 9
     max_question_tokens: int = 32

@@ -35,6 +35,7 @@ from torch import nn
 from tqdm import tqdm
 
 from model.bert_gen import BertGen
+from model.config import required
 from model.export import is_export_dir, load_config_dir, load_weights, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from shards.collate import pad_ids
@@ -53,18 +54,16 @@ from .vqg_data import open_features, read_coco_captions, read_vqa_questions, rea
 from .vqg_eval import diversity, plot_attention, question_metrics
 
 STEPS = ("step1", "step2", "step2_unfreeze", "step3", "step3_scratch", "custom")
-DEMO = "data/demo/raw/vqg"
 
 
 @dataclass
 class VQGDataConfig:
-    train: str = f"{DEMO}/coco_train_all.csv"  # VQG_COCO csv, or VQA v1.0 OpenEnded_mscoco_*_questions.json
-    val: str = f"{DEMO}/coco_val_all.csv"
-    test: str = f"{DEMO}/coco_test_all.csv"
-    captions: list = field(default_factory=lambda: [f"{DEMO}/captions_train2014.json",
-                                                    f"{DEMO}/captions_val2014.json"])  # COCO captions files
-    features: str = "data/demo/vqg_features.tsv"  # bottom-up TSV (comma-separated list) or shard glob
-    image_root: str = "data/demo/raw"  # image_url (or COCO file_name) relative to it: attention views
+    train: str = required()  # VQG_COCO csv, or VQA v1.0 OpenEnded_mscoco_*_questions.json
+    val: str = required()
+    test: str = required()
+    captions: list = required(list)  # COCO captions files
+    features: str = ""  # bottom-up TSV (comma-separated list) or shard glob; needed unless inputs=caption
+    image_root: str = ""  # image_url (or COCO file_name) relative to it: attention views (empty: a blank canvas)
     tokenizer: str | None = None  # local BERT directory; None = the init's, or the packaged one
     max_caption_tokens: int = 40
     max_question_tokens: int = 20  # word-pieces, the end token included
@@ -356,6 +355,8 @@ class VQGRun(Task):
             raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both "
                              f"(got {cfg.step}, {cfg.inputs})")
         try:
+            if not cfg.data.features:
+                raise FileNotFoundError("data.features: not set (region features are needed unless inputs=caption)")
             self.features = open_features(cfg.data.features)
         except FileNotFoundError:
             if cfg.inputs != "caption":

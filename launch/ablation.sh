@@ -13,6 +13,7 @@ if [ $# -eq 0 ]; then
     exit 2
   fi
   python -m shards.demo --out data/demo  # adds the Flickr30k-format files to a corpus built before them
-  set -- --model demo=runs/demo/export --out runs/demo/ablation max_examples=400
+  set -- --model demo=runs/demo/export --config launch/configs/heldout_demo.yaml --out runs/demo/ablation \
+    max_examples=400
 fi
 exec python -m diagnostics.ablation "$@"

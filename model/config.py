@@ -1,7 +1,8 @@
 """The one config loader: dataclasses filled from YAML files plus `key=value` overrides.
 
 Unknown keys are errors naming the file (or override) and the key, so a typo in a config never
-silently falls back to a default.
+silently falls back to a default. A dataset's location has no default (`required()`): a config that does not name
+it is an error naming the field, rather than a run on whatever data sits at a demo path.
 """
 
 from __future__ import annotations
@@ -100,6 +101,27 @@ def from_dict(cls: type[T], data: dict, where: str = "config") -> T:
     return cls(**kwargs)
 
 
+def required(factory: Any = None) -> Any:
+    """A dataclass field the config must set (a dataset path; `factory=list` for a list of them): empty by default,
+    refused by `load_config` while empty, so a library config never points at the demo's data unless a config
+    says so."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"required": True})
+    return field(default="", metadata={"required": True})
+
+
+def unset_required(obj: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the `required()` fields still empty in `obj` and the dataclasses it holds."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.metadata.get("required") and value in ("", None, []):
+            out.append(prefix + f.name)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out += unset_required(value, f"{prefix}{f.name}.")
+    return out
+
+
 def _set_path(data: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     for key in keys[:-1]:
@@ -120,13 +142,20 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         data = loaded or {}
+    overrides = list(overrides)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}': expected key=value")
         key, raw = item.split("=", 1)
         _set_path(data, key.strip(), yaml.safe_load(raw))
+    if overrides:
         where = f"{where} + overrides"
-    return from_dict(cls, data, where)
+    cfg = from_dict(cls, data, where)
+    unset = unset_required(cfg)
+    if unset:
+        raise ConfigError(f"{where}: {', '.join(unset)} not set: a dataset's location has no default (the demo's "
+                          f"are in launch/configs/*demo*.yaml)")
+    return cfg
 
 
 def to_dict(obj: Any) -> dict:
@@ -287,6 +316,7 @@ def model_config(preset: str = "base", path: str | Path | None = None, overrides
     if preset not in PRESETS:
         raise ConfigError(f"{path or 'model config'}: unknown preset '{preset}'; known: {sorted(PRESETS)}")
     merged = deep_merge(deep_merge(PRESETS[preset], data), updates or {})
+    overrides = list(overrides)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}': expected key=value")

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.boxes import normalise, scale_features
-from model.config import FastRCNNConfig
+from model.config import FastRCNNConfig, required
 from model.fast_rcnn import FastRCNN, size_classifier
 from shards.coco import read_instances, read_vocabularies
 from shards.images import ImageConfig, collate_visual, load_image
@@ -54,9 +54,9 @@ from train.run import Task, Training, run
 
 @dataclass
 class DetectorConfig:
-    train: str = "data/demo/raw/detection/instances_train.json"
-    val: str | None = "data/demo/raw/detection/instances_val.json"  # None: no held-out evaluation
-    image_root: str = "data/demo/raw"  # `file_name`s are relative to this
+    train: str = required()
+    val: str | None = None  # held-out COCO instances; None: no held-out evaluation
+    image_root: str = required()  # `file_name`s are relative to this
     fast_rcnn: FastRCNNConfig = field(default_factory=FastRCNNConfig)
     short_side: int = 600
     long_side: int = 1000

@@ -21,7 +21,7 @@ from .decode import _box_scale, decode_resized, resized_size
 
 @dataclass
 class ImageConfig:
-    root: str = "data/demo/raw"  # image paths of the dataset are relative to this
+    root: str = ""  # image paths of the dataset are relative to this (empty: to the working directory)
     short_side: int = 600  # VL-BERT resizes to 600 / 1000
     long_side: int = 1000
     max_regions: int = 100

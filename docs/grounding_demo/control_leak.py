@@ -54,6 +54,8 @@ from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
+HELD_OUT = "launch/configs/heldout_demo.yaml"  # the demo's held-out images (run from the repository root)
+
 
 class Frozen(torch.nn.Module):
     """A classifier that answers every input as it answers `feature` (the dataset-mean region feature)."""
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
                    "id and its masked words (for splits by word category)")
     p.add_argument("overrides", nargs="*", help="DiagnosticConfig fields as key=value")
     args = p.parse_args(argv)
-    cfg = load_config(DiagnosticConfig, None, args.overrides)
+    cfg = load_config(DiagnosticConfig, HELD_OUT, args.overrides)
     torch.set_grad_enabled(False)
     rows, report = [], {}
     for spec in args.model:

@@ -36,6 +36,8 @@ from shards.flickr30k_entities import parse_annotation, parse_sentences  # noqa:
 from shards.shapes_world import COLOURS, Scene, ShapeObject, visible_fractions  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
+HELD_OUT = "launch/configs/heldout_demo.yaml"  # the demo's held-out images (run from the repository root)
+
 
 def plot(result: dict, png: Path) -> None:
     """Bars: accuracy with the image per referent group (95% interval), ablated as a tick, per category."""
@@ -84,7 +86,7 @@ path = args[0]
 out_path = args[args.index("--out") + 1] if "--out" in args else None
 overrides = [a for a in args[1:] if "=" in a]
 torch.set_num_threads(2)
-cfg = load_config(GroundingConfig, None, ["max_images=100", *overrides])
+cfg = load_config(GroundingConfig, HELD_OUT, ["max_images=100", *overrides])
 model = load_pretrained(path).eval()
 tokenizer = load_tokenizer(path)
 ev = GroundingEval(cfg, tokenizer, feature_extractor(model, "cpu"))

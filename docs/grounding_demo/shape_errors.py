@@ -26,6 +26,8 @@ from shards.collate import pad_ids  # noqa: E402
 from shards.flickr30k_entities import parse_sentences  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
+HELD_OUT = "launch/configs/heldout_demo.yaml"  # the demo's held-out images (run from the repository root)
+
 
 def singular(word: str) -> str:
     for cut in ("es", "s"):
@@ -53,7 +55,7 @@ def main(path: str) -> None:
     model = load_pretrained(path).eval()
     vb, cfg = model.vl_bert, model.cfg
     tok = load_tokenizer(path)
-    ev = GroundingEval(load_config(GroundingConfig, None, ["max_images=100"]), tok)
+    ev = GroundingEval(load_config(GroundingConfig, HELD_OUT, ["max_images=100"]), tok)
     root = Path(ev.data.cfg.flickr_root)
     scenes = [json.loads(line) for line in (root.parent / "scenes.jsonl").read_text().splitlines()]
     confusions, wrong_kind, by_cue, expected = Counter(), Counter(), defaultdict(list), []

@@ -19,11 +19,13 @@ from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
+HELD_OUT = "launch/configs/heldout_demo.yaml"  # the demo's held-out images (run from the repository root)
+
 path = sys.argv[1]
 temps = [float(a) for a in sys.argv[2:] if "=" not in a] or [1.0, 3.0, 10.0]
 overrides = [a for a in sys.argv[2:] if "=" in a]
 torch.set_num_threads(2)
-cfg = load_config(GroundingConfig, None, ["max_images=100", *overrides])  # the demo's held-out split
+cfg = load_config(GroundingConfig, HELD_OUT, ["max_images=100", *overrides])  # the demo's held-out split
 summaries = {}
 for t in temps:
     model = load_pretrained(path).eval()

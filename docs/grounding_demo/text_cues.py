@@ -29,8 +29,11 @@ from diagnostics.categories import CATEGORIES, NAMED_BY_SPAN  # noqa: E402
 from diagnostics.config import GroundingConfig  # noqa: E402
 from diagnostics.grounding import GroundingEval  # noqa: E402
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
+from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
+
+HELD_OUT = "launch/configs/heldout_demo.yaml"  # the demo's held-out images (run from the repository root)
 
 
 def flags(evaluator: GroundingEval, tokenizer) -> tuple[list[bool], list[int], list[float]]:
@@ -68,7 +71,7 @@ def main(argv=None) -> int:
         name, path = spec.split("=", 1)
         model = load_pretrained(path).eval()
         tokenizer = load_tokenizer(path)
-        evaluator = GroundingEval(GroundingConfig(max_images=100), tokenizer, None)
+        evaluator = GroundingEval(load_config(GroundingConfig, HELD_OUT, ["max_images=100"]), tokenizer, None)
         values = evaluator(model)["words"]
         repeat, pieces, prior = (np.asarray(x) for x in flags(evaluator, tokenizer))
         for cat in ("colour", "shape", NAMED_BY_SPAN):

@@ -13,7 +13,7 @@ from diagnostics.conditions import Ablator, evaluate
 from diagnostics.config import DiagnosticConfig
 from diagnostics.data import PhraseData, choose_targets, gold_label, regions_over
 from diagnostics.statistics import paired_test, summarise
-from model.config import model_config
+from model.config import ConfigError, model_config
 from model.vl_bert import VLBertForPretraining
 
 GOLD = torch.tensor([[[0.0, 0, 10, 10]], [[50.0, 50, 60, 60]]])  # [B=2, K=1, 4]
@@ -244,14 +244,17 @@ def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path):
     BertForMaskedLM(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                intermediate_size=64)).save_pretrained(tmp_path / "bert")
     (tmp_path / "bert" / "vocab.txt").write_bytes((packaged_bert_dir() / "vocab.txt").read_bytes())
-    with pytest.raises(ValueError, match="no MLM head"):  # all-MiniLM-L6-v2 ships without one
-        main(["--text-baseline", "packaged", "--out", str(tmp_path / "x")])
     raw = demo_corpus / "raw"
+    data = [f"flickr_root={raw / 'flickr30k_entities'}", f"images={raw / 'images'}",
+            f"boxes={raw / 'flickr30k_entities' / 'boxes_val.jsonl'}", f"class_names={raw / 'class_names.json'}"]
+    # the held-out data has no default: the fields left unset are named
+    with pytest.raises(ConfigError, match="flickr_root, images, boxes not set"):
+        main(["--text-baseline", "packaged", "--out", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match="no MLM head"):  # all-MiniLM-L6-v2 ships without one
+        main(["--text-baseline", "packaged", "--out", str(tmp_path / "x"), *data])
     out = tmp_path / "out"
     main(["--model", f"tiny={tmp_path / 'm'}", "--text-baseline", str(tmp_path / "bert"), "--out", str(out),
-          f"flickr_root={raw / 'flickr30k_entities'}", f"images={raw / 'images'}",
-          f"boxes={raw / 'flickr30k_entities' / 'boxes_val.jsonl'}", f"class_names={raw / 'class_names.json'}",
-          "short_side=64", "long_side=96", "max_examples=10", "batch_size=5"])
+          *data, "short_side=64", "long_side=96", "max_examples=10", "batch_size=5"])
     report = json.loads((out / "results.json").read_text())
     assert set(report["models"]) == {"tiny", "text-only BERT"}
     tiny = report["models"]["tiny"]

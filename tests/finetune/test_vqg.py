@@ -326,7 +326,7 @@ def test_decoding_diagnosis_runs_on_a_trained_model(tiny_vqg, tmp_path):
     run_vqg(d, "dec", "step=step3_scratch", "inputs=both", f"init={d}/bert", "epochs=1")
     args = ["--run", str(d / "dec"), "--out", str(tmp_path), "--generic-share", "0.9",
             "--variants", "greedy,beam,diverse",
-            f"data.train={d}/coco_train_all.csv", f"data.test={d}/coco_test_all.csv",
+            f"data.train={d}/coco_train_all.csv", f"data.test={d}/coco_test_all.csv", f"data.val={d}/coco_test_all.csv",
             f"data.captions=[{d}/captions.json]", f"data.features={d}/feats.tsv", "decode.max_length=6"]
     assert main(args) == 0
     out = json.loads((tmp_path / "decoding.json").read_text())

@@ -1,3 +1,4 @@
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -69,3 +70,31 @@ def test_right_types_are_converted():
     cfg = load_config(Typed, None, ["steps=3.0", "betas=[0.8, 1e-3]", "maybe=null", "names=[a, b]", "table={x: 1}"])
     assert cfg == Typed(steps=3, betas=(0.8, 0.001), names=["a", "b"], table={"x": 1}, maybe=None)
     assert isinstance(cfg.betas, tuple) and isinstance(load_config(Typed, None, ["steps='7'"]).steps, int)
+
+
+def test_dataset_paths_have_no_default_and_are_named_when_unset(tmp_path):
+    from dataclasses import dataclass, field
+
+    from model.config import required
+
+    @dataclass
+    class Data:
+        root: str = required()
+        captions: list = required(list)
+        size: int = 3
+
+    @dataclass
+    class Job:
+        data: Data = field(default_factory=Data)
+        held_out: Data | None = None  # an optional section left out is not checked
+
+    path = tmp_path / "job.yaml"
+    path.write_text("data:\n  size: 4\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path} + overrides: data.root, data.captions not set")):
+        load_config(Job, path, ["data.size=5"])
+    with pytest.raises(ConfigError, match=r"^defaults \+ overrides: data.captions not set"):  # said once
+        load_config(Job, None, iter(["data.root=/x", "data.size=2"]))
+    cfg = load_config(Job, path, ["data.root=/d", "data.captions=[a.json]"])
+    assert (cfg.data.root, cfg.data.captions, cfg.data.size) == ("/d", ["a.json"], 4)
+    with pytest.raises(ConfigError, match=r"held_out.captions not set"):
+        load_config(Job, path, iter(["data.root=/d", "data.captions=[a]", "held_out.root=/h"]))
