@@ -31,9 +31,11 @@ done
 [ ${#steps[@]} -gt 0 ] || steps=(step1 step2 step2_unfreeze step3 step3_scratch report)
 [ -f "$config" ] || { echo "launch/finetune_vqg.sh: config '$config' not found" >&2; exit 2; }
 
+needs_features=0  # step 1 reads captions only: it does not wait for the region features
+for step in "${steps[@]}"; do [ "$step" = step1 ] || needs_features=1; done
 if grep -q "data/demo/vqg_features.tsv" "$config"; then
   python -m shards.demo --out data/demo
-  if [ ! -s data/demo/vqg_features.tsv ]; then
+  if [ "$needs_features" = 1 ] && [ ! -s data/demo/vqg_features.tsv ]; then
     python - <<'PY' > data/demo/vqg_images.txt
 import csv, glob
 for path in sorted(glob.glob("data/demo/raw/vqg/coco_*_all.csv")):
@@ -42,10 +44,11 @@ for path in sorted(glob.glob("data/demo/raw/vqg/coco_*_all.csv")):
 PY
     detector=(--backbone resnet18)
     [ -f runs/demo/export/model.safetensors ] && detector=(--model runs/demo/export)
+    part="data/demo/vqg_features.tsv.part.$$"  # this process' own: a second launcher does not truncate it
     python -m finetune.vqg_features --image-root data/demo/raw --boxes data/demo/raw/boxes.jsonl \
-      --images data/demo/vqg_images.txt --out data/demo/vqg_features.tsv.part \
+      --images data/demo/vqg_images.txt --out "$part" \
       --short-side 128 --long-side 192 --batch-size 16 "${detector[@]}"
-    mv data/demo/vqg_features.tsv.part data/demo/vqg_features.tsv
+    mv "$part" data/demo/vqg_features.tsv
   fi
 fi
 
