@@ -150,13 +150,21 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    points: dict[tuple, list[str]] = {}  # decodings that return the same questions share one point and label
     for r in rows:
-        x, y = r["distinct_questions"], 100 * r["metrics"]["CIDEr"]
+        points.setdefault((r["distinct_questions"], round(100 * r["metrics"]["CIDEr"], 2)), []).append(r["name"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for (x, y), names in points.items():
         ax.scatter([x], [y])
-        ax.annotate(r["name"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        stack = len(names) > 1  # a stack of names hangs left of its point, clear of its neighbours' labels
+        ax.annotate("\n".join(names), (x, y), fontsize=7, xytext=(-5, 2) if stack else (4, 2),
+                    textcoords="offset points", ha="right" if stack else "left", va="top" if stack else "bottom")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel("distinct questions over the split (log)")
     ax.set_ylabel("CIDEr (PTB)")
     ax.set_title("VQG decodings: accuracy against variety")
