@@ -111,3 +111,18 @@ def test_a_user_deepspeed_json_is_merged_key_by_key(tmp_path):
     assert ds["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 1 << 22, "allgather_bucket_size": 13_749_952,
                                        "overlap_comm": True}
     assert ds["gradient_clipping"] == 5.0 and ds["train_micro_batch_size_per_gpu"] == 8
+
+
+@pytest.mark.parametrize("name,cls", [("vqg_demo", "finetune.vqg:VQGConfig"), ("vqg_coco", "finetune.vqg:VQGConfig"),
+                                      ("retrieval_demo", "finetune.retrieval:RetrievalTask"),
+                                      ("detector_demo", "pretrain.detector:DetectorTask"),
+                                      ("detector_demo_long", "pretrain.detector:DetectorTask"),
+                                      ("heldout_demo", "diagnostics.config:DiagnosticConfig"),
+                                      ("heldout_demo", "diagnostics.config:GroundingConfig")])
+def test_every_config_names_its_data(name, cls):
+    """Dataset paths have no default: each shipped config loads, i.e. names every one its class requires."""
+    import importlib
+
+    module, attr = cls.split(":")
+    obj = getattr(importlib.import_module(module), attr)
+    load_config(getattr(obj, "config_cls", obj), ROOT / f"launch/configs/{name}.yaml")
