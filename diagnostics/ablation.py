@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.config import load_config
+from model.config import ConfigError, load_config
 from model.export import load_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBertForPretraining
@@ -168,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     models = model_specs(p, args.model)
     if not args.model and not args.text_baseline:
         p.error("give at least one --model NAME=DIR or --text-baseline")
-    cfg = load_config(DiagnosticConfig, args.config, args.overrides)
+    try:
+        cfg = load_config(DiagnosticConfig, args.config, args.overrides)
+    except ConfigError as e:
+        p.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"config": cfg.__dict__, "models": {}}

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model.boxes import box_iou
-from model.config import load_config
+from model.config import ConfigError, load_config
 from model.export import load_pretrained
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import image_regions, load_box_file
@@ -299,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "control)", overrides_example="max_images=50")
     args = p.parse_args(argv)
     models = model_specs(p, args.model)
-    cfg = load_config(GroundingConfig, args.config, args.overrides)
+    try:
+        cfg = load_config(GroundingConfig, args.config, args.overrides)
+    except ConfigError as e:
+        p.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summaries = {}

@@ -52,6 +52,11 @@ def test_ablation_sh_passes_arguments_through(tmp_path):
     assert out.returncode == 0 and "--text-baseline" in out.stdout and "Flickr30k Entities" in out.stdout
     bad = subprocess.run(["bash", str(ROOT / "launch/ablation.sh"), "--model", f"x={tmp_path}"],
                          capture_output=True, text=True)
+    # the held-out data has no default: named in one line, no traceback
+    assert bad.returncode == 2 and "flickr_root, images, boxes not set" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    bad = subprocess.run(["bash", str(ROOT / "launch/ablation.sh"), "--model", f"x={tmp_path}", "--config",
+                          str(ROOT / "launch/configs/heldout_demo.yaml")], capture_output=True, text=True)
     assert bad.returncode != 0 and "config.json" in bad.stderr  # not an exported directory: named
 
 
