@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from model.config import load_config
 from shards.tokenizer import load_tokenizer
+from train.engine import to_device
 
 from .generate import DecodeConfig, check
 from .vqg import VQGConfig, VQGSet, generate_questions, load_bert_gen, model_inputs, read_split
@@ -68,8 +69,7 @@ def reference_scores(gen, data: VQGSet, batch_size: int, device) -> tuple[np.nda
     """log P and length (end token included) of every (image, reference question) pair of `data`, teacher-forced."""
     logp, length = [], []
     for start in tqdm(range(0, len(data.pairs), batch_size), desc="score references", unit="batch"):
-        b = data.batch(list(range(start, min(len(data.pairs), start + batch_size))))
-        b = {k: v.to(device) for k, v in b.items()}
+        b = to_device(data.batch(list(range(start, min(len(data.pairs), start + batch_size)))), device)
         inp = gen.embed_input(**model_inputs(b))
         logp.append(gen.sequence_log_probs(inp, b["target_ids"], b["target_mask"]).float().cpu())
         length.append(b["target_mask"].sum(1).cpu())
