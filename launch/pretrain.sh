@@ -109,5 +109,7 @@ if not any(a == "--config" or a.startswith("--config=") for a in argv):
     ensure_demo("data/demo", builder=int(os.environ.get("LOCAL_RANK", 0)) == 0)
     argv = ["--config", "launch/configs/demo.yaml", *argv]
 from pretrain.run import main  # noqa: E402
+from train.engine import entry_point  # noqa: E402
 
-sys.exit(main(argv))
+# entry_point: a config error is one line, and a rank that fails exits at once (the launcher then ends the job)
+sys.exit(entry_point(lambda: main(argv)))

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import types
 import uuid
 from dataclasses import dataclass, field
@@ -182,7 +183,11 @@ class FiniteGuard:
 def entry_point(main) -> int:
     """Runs an entry point's main(): a configuration or usage error (ConfigError) is one line on rank 0 and
     exit code 2 on every rank, instead of a traceback per rank around the message (VLBERT_TRACEBACK=1 shows
-    it); a run stopped by the non-finite policy (NonFiniteSteps, the same on every rank) likewise, exit code 3."""
+    it); a run stopped by the non-finite policy (NonFiniteSteps, the same on every rank) likewise, exit code 3.
+    Any other failure once the process group is up: the traceback, then the process ends at once (exit code 1)
+    rather than in the interpreter's teardown. On an H200 a rank that raised in an evaluation sat in that teardown
+    for minutes (its data workers and NCCL process group still up) and the launcher waited with it; a rank that
+    is gone lets the launcher stop the others and the job end."""
     try:
         return main()
     except (ConfigError, NonFiniteSteps) as e:
@@ -191,6 +196,14 @@ def entry_point(main) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 2 if isinstance(e, ConfigError) else 3
+    except Exception:
+        if not dist.is_initialized():
+            raise
+        print(f"rank {dist.get_rank()} failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def seed_rank(seed: int, rank: int) -> None:

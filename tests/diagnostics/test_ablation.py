@@ -363,3 +363,34 @@ def test_grey_condition_is_the_image_at_the_pixel_mean():
     features.update(region_features=torch.zeros(2, 5, 8), image_hw=b["image_sizes"])
     with pytest.raises(ValueError, match="'grey' needs images"):
         ablator.vision_for_language(features, "grey")
+
+
+def test_periodic_evaluators_run_on_a_module_in_deepspeed_bf16_mode(demo_corpus):
+    """DeepSpeed's bf16 casts the module, and the engine's periodic evaluators get that module: the diagnostic's
+    fills (fp32 averages) and the grounding eval's inputs must meet bf16 weights (an H200 run failed here), and
+    give the fp32 module's figures to bf16's precision."""
+    from diagnostics.ablation import PeriodicDiagnostic
+    from diagnostics.config import GroundingConfig
+    from diagnostics.grounding import GroundingEval, scalars
+    from shards.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None)
+    raw = demo_corpus / "raw"
+    held_out = dict(flickr_root=str(raw / "flickr30k_entities"), images=str(raw / "images"),
+                    boxes=str(raw / "flickr30k_entities" / "boxes_val.jsonl"), short_side=64, long_side=96)
+    diagnostic = PeriodicDiagnostic(_demo_cfg(demo_corpus, max_examples=6), tok, 9)
+    grounding = GroundingEval(GroundingConfig(**held_out, max_images=2), tok)
+    # the demo config's model: standardised appearance, region words from the detector's heads, aligned words
+    model = VLBertForPretraining(model_config("tiny", updates={
+        "vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103,
+        "standardise_appearance": True, "region_class_words": [[2000 + i] for i in range(9)],
+        "region_attribute_words": [[3000 + i] for i in range(6)], "region_word_alignment": 0.7,
+        "fast_rcnn": {"roi_output_size": 4, "num_attributes": 6}})).eval()
+    for ln in (model.vl_bert.embeddings.visual_ln_text, model.vl_bert.embeddings.visual_ln_object):
+        torch.nn.init.ones_(ln.weight)
+    reference = diagnostic(model, "cpu")
+    model.to(torch.bfloat16)
+    values = {**diagnostic(model, "cpu"), **scalars(grounding.summarise(grounding(model, "cpu", progress=False)))}
+    assert all(math.isfinite(v) for k, v in values.items() if not k.endswith("_n")), values
+    for key in ("xmodal/v4l/none", "xmodal/v4l/all"):
+        assert values[key] == pytest.approx(reference[key], rel=0.05), key

@@ -30,6 +30,7 @@ class Toy:
     config_help, overrides_example = "ToyConfig YAML", "engine.steps=3"
     def add_arguments(self, parser):
         parser.add_argument("--eval-only", action="store_true")
+        parser.add_argument("--fail-in-finish", action="store_true")
     def seed(self, cfg):
         return cfg.seed
     def build(self, cfg, args, rank, world):
@@ -39,13 +40,18 @@ class Toy:
         return Training(Module(), Loader(), 2, count_batch=lambda b: {"samples": 2.0, "tokens": 6.0, "images": 0.0})
     def finish(self, engine, last, cfg, args, rank):
         self.seen.update(trained=None if engine is None else engine.step, last=sorted(last))
+        if args.fail_in_finish:
+            import threading, time
+            # what a normal interpreter exit would wait for (as a crashed GPU rank waited in its teardown)
+            threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+            raise RuntimeError("planted failure")
         print("SEEN " + json.dumps(self.seen))
 
 sys.exit(entry_point(lambda: run(Toy(), sys.argv[1:])))
 """
 
 
-def toy(tmp_path: Path, *args: str) -> dict:
+def toy_process(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
@@ -53,8 +59,12 @@ def toy(tmp_path: Path, *args: str) -> dict:
     script.write_text(_TASK)
     plain = ["engine.zero_stage=1", "engine.precision=fp32", "engine.log_every=1", "engine.checkpoint_every=100",
              "engine.progress=false", "engine.export=false", "optim.warmup_steps=0"]
-    out = subprocess.run([sys.executable, str(script), *args, *plain], capture_output=True, text=True, env=env,
-                         timeout=300)
+    return subprocess.run([sys.executable, str(script), *args, *plain], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def toy(tmp_path: Path, *args: str) -> dict:
+    out = toy_process(tmp_path, *args)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("SEEN ")]
     assert line, out.stdout[-2000:]
@@ -72,3 +82,12 @@ def test_a_task_with_nothing_to_train_goes_straight_to_finish(tmp_path):
     seen = toy(tmp_path, "--eval-only", f"engine.run_dir={tmp_path / 'run'}")
     assert seen["trained"] is None and seen["last"] == [] and seen["seed"] == 5
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_failing_rank_exits_with_its_traceback_instead_of_waiting_in_teardown(tmp_path):
+    """An unexpected exception after the process group is up: the traceback, exit code 1, and no wait for what
+    the interpreter's teardown would wait for (here a non-daemon thread sleeping an hour)."""
+    out = toy_process(tmp_path, "--fail-in-finish", f"engine.run_dir={tmp_path / 'run'}", "engine.steps=1",
+                      timeout=120)
+    assert out.returncode == 1
+    assert "rank 0 failed:" in out.stderr and "RuntimeError: planted failure" in out.stderr
