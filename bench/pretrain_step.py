@@ -83,7 +83,8 @@ def step_flops(model_cfg, fast_rcnn, batches) -> dict[str, float]:
     return {"transformer": transformer / len(batches), "cnn": cnn / len(batches)}
 
 
-def engine_loop(model_cfg, initial: dict, batches: list, stage: int, run_dir: str, steps: int, samples: int):
+def engine_loop(model_cfg, initial: dict, batches: list, stage: int, run_dir: str, steps: int, samples: int,
+                precision: str = "fp32", grad_clip: float = 1.0):
     """Our Engine over `batches[1:]`, round and round, after one warm-up step; no checkpoints."""
 
     class Batches:  # the Engine's loader: the same pre-made batches
@@ -93,9 +94,9 @@ def engine_loop(model_cfg, initial: dict, batches: list, stage: int, run_dir: st
 
     module = VLBertPretraining(VLBertForPretraining(model_cfg), LossConfig())
     module.load_state_dict(initial)
-    cfg = EngineConfig(run_dir=run_dir, zero_stage=stage, precision="fp32", steps=1, log_every=steps,
+    cfg = EngineConfig(run_dir=run_dir, zero_stage=stage, precision=precision, steps=1, log_every=steps,
                        checkpoint_every=1 << 30, progress=False, export=False)
-    engine = Engine(module, Batches(), cfg, OptimConfig(lr=1e-4, warmup_steps=10, grad_clip=1.0),
+    engine = Engine(module, Batches(), cfg, OptimConfig(lr=1e-4, warmup_steps=10, grad_clip=grad_clip),
                     micro_batch_size=samples, count_batch=count_batch)
     engine.save_checkpoint = lambda: None  # the loop alone: no checkpoint at a window's end
     engine.train()  # one warm-up step

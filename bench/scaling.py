@@ -40,9 +40,16 @@ class Sample:
     params: int  # trainable parameters (what ZeRO reduces and gathers)
 
 
+def paper_config(size: str, overrides=()):
+    """VL-BERT-base/large end to end as the official configs: ResNet-101 C4 (Visual Genome's 1,600 classes +
+    background), RoIs pooled 14 x 14, stem and res2 frozen, channels-last convolutions."""
+    return model_config(size, overrides=overrides, updates={"fast_rcnn": {"backbone": "resnet101", "num_classes": 1601,
+                                                     "roi_output_size": 14, "freeze_stem": True, "freeze_res2": True,
+                                                     "channels_last": True}})
+
+
 def sample_flops(size: str, regions: int, caption_tokens: int, text_tokens: int, height: int, width: int) -> Sample:
-    cfg = model_config(size, updates={"fast_rcnn": {"backbone": "resnet101", "num_classes": 1601,
-                                                    "roi_output_size": 14, "freeze_stem": True, "freeze_res2": True}})
+    cfg = paper_config(size)
     with torch.device("meta"):
         model = VLBertForPretraining(cfg)
         images = torch.zeros(1, 3, height, width, dtype=torch.uint8)
