@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import OrderedDict
+from dataclasses import replace
 
 import torch
 import torchvision
@@ -25,7 +26,7 @@ from .pretrain_step import SHAPES, ensure_demo, make_batches, shape_parser
 from .report import machine, median_range, update_section
 
 COLUMNS = ["shape", "images x RoIs / step (padding included)", "ours ms/step", "torchvision ms/step",
-           "ours / torchvision (speed)",
+           "ours / torchvision (speed)", "ours, norms folded, ms/step", "folded / ours (speed)",
            "top operators of our step (share of its time)"]
 
 
@@ -77,6 +78,8 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     torch.manual_seed(0)
     ours = FastRCNN(cfg)
     peer = TorchvisionC4(ours)
+    folded = FastRCNN(replace(cfg, fold_frozen_norms=True))  # the same weights, each frozen norm in its conv
+    folded.load_state_dict(ours.state_dict())
     with torch.no_grad():  # the same network: the peer's features equal ours on an unmasked batch
         c = batches[0]
         mine = ours(c["images"], c["image_sizes"], c["boxes"], c["box_mask"])["appearance"]
@@ -85,10 +88,14 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
         if err > 1e-4:
             raise AssertionError(f"{name}: the peer computes another network (relative difference {err:.2e})")
 
-    def step_ours(c):
-        out = ours(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
-        out["appearance"].sum().backward()
-        ours.zero_grad(set_to_none=True)
+    def stepper(model):
+        def step(c):
+            out = model(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
+            out["appearance"].sum().backward()
+            model.zero_grad(set_to_none=True)
+        return step
+
+    step_ours, step_folded = stepper(ours), stepper(folded)
 
     def step_peer(c):
         peer(c["images"], c["image_sizes"], c["boxes"], c["box_mask"]).sum().backward()
@@ -101,10 +108,11 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
             step(c)
         return (time.perf_counter() - t) / steps * 1000
 
-    times = {"ours": [], "peer": []}
+    times = {"ours": [], "peer": [], "folded": []}
     for _ in range(repeats):
         times["ours"].append(timed(step_ours))
         times["peer"].append(timed(step_peer))
+        times["folded"].append(timed(step_folded))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for c in batches[1:]:
             step_ours(c)
@@ -114,6 +122,7 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     rois = sum(c["boxes"].shape[0] * (c["boxes"].shape[1] + 1) for c in batches[1:]) / steps  # padded ones too
     return {"shape": name, "images": shape["captions"], "rois": rois, "times": times,
             "ratio": [p / o for o, p in zip(times["ours"], times["peer"])],
+            "folded_ratio": [o / f for o, f in zip(times["ours"], times["folded"])],
             "top": [(e.key, e.self_cpu_time_total / total) for e in top]}
 
 
@@ -126,6 +135,8 @@ def main(argv=None) -> int:
         ratio = statistics.median(r["ratio"])
         row = [name, f"{r['images']} x {r['rois']:.0f}", median_range(r["times"]["ours"]),
                median_range(r["times"]["peer"]), f"{ratio:.2f} ({min(r['ratio']):.2f}-{max(r['ratio']):.2f})",
+               median_range(r["times"]["folded"]), f"{statistics.median(r['folded_ratio']):.2f} "
+               f"({min(r['folded_ratio']):.2f}-{max(r['folded_ratio']):.2f})",
                "; ".join(f"{k} {s:.0%}" for k, s in r["top"])]
         rows.append("| " + " | ".join(row) + " |")
         print(rows[-1], flush=True)
@@ -135,7 +146,8 @@ def main(argv=None) -> int:
             f"after a warm-up, {args.repeats} interleaved repeats, median (min-max). The peer is the same network "
             "built from torchvision alone (its ResNet with `FrozenBatchNorm2d`, `ops.RoIAlign` on a list of boxes, "
             "`layer4`, mean pool), loaded with our weights and checked to give our features; ratio > 1: ours "
-            f"is faster. Machine: {machine()}.\n\n"
+            "is faster. \"Norms folded\": ours with `fast_rcnn.fold_frozen_norms` (each frozen norm applied inside "
+            f"the convolution before it; the same weights), in the same interleaved repeats. Machine: {machine()}.\n\n"
             "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS) + "\n" + "\n".join(rows))
     if args.write:
         update_section("fast_rcnn_step", body)

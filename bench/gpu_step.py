@@ -98,7 +98,7 @@ def device_profile(step, batches: list, seconds_per_step: float) -> dict:
 
 
 def run_size(size: str, a, tokenizer) -> dict:
-    cfg = paper_config(size, a.preset_overrides)
+    cfg = paper_config(size, [*a.preset_overrides, *(["fast_rcnn.fold_frozen_norms=true"] if a.fold_norms else [])])
     masker = PretrainMasker(MaskingConfig(), tokenizer, cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id,
                             mask_id=tokenizer.mask_token_id, num_classes=cfg.fast_rcnn.num_classes)
     shape = dict(captions=a.captions, texts=a.captions, caption_tokens=a.caption_tokens, text_tokens=a.text_tokens,
@@ -213,6 +213,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--tokenizer", help="local BERT tokenizer directory (default: the packaged MiniLM's, "
                                        "the same uncased vocabulary as bert-base-uncased)")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--fold-norms", action="store_true", help="fast_rcnn.fold_frozen_norms (each frozen norm inside "
+                                                             "its convolution)")
     p.add_argument("--profile", action="store_true", help="also profile the plain step's kernels (CUDA)")
     p.add_argument("--no-engine", action="store_true", help="skip our Engine's loop")
     p.add_argument("--device", default="cuda", help="cuda; cpu only to check the bench itself (tests)")

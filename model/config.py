@@ -182,6 +182,11 @@ class FastRCNNConfig:
     # backbone trained from scratch (the demo's detector warm-up: without normalisation a random ResNet learns
     # slowly). Both keep weight/bias/running_mean/running_var, so a "batch" warm-up loads as "frozen".
     norm: str = "frozen"
+    # each frozen norm folded into the convolution before it (weight x scale, bias = shift): the same function,
+    # without two elementwise passes over every activation (on an H200 elementwise kernels, most likely these,
+    # took more time than the convolutions: docs/SCALING.md). Weights and checkpoints are unchanged; float
+    # rounding moves slightly, so it is off by default (the demo's figures stay as measured).
+    fold_frozen_norms: bool = False
     roi_output_size: int = 14  # RoIAlign output, before res5 halves it to 7x7
     # 16: C4 as in Faster R-CNN. 8: res4 keeps res3's resolution (its first block's stride 2 -> 1, the same
     # weights), for small objects: the demo's median object is ~32 px, 2 cells at stride 16 (docs/ABLATION.md)

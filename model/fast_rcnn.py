@@ -77,10 +77,47 @@ class FrozenBN(FrozenBatchNorm2d):
     parameters but leaves these statistics buffers fp32, which would promote every activation back to
     fp32 in front of a half-precision convolution."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    folded = False  # set by `fold_frozen_norms`: the convolution before it applies it
+
+    def scale_shift(self) -> tuple[torch.Tensor, torch.Tensor]:
         scale = self.weight * (self.running_var + self.eps).rsqrt()
-        bias = self.bias - self.running_mean * scale
+        return scale, self.bias - self.running_mean * scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.folded:
+            return x
+        scale, bias = self.scale_shift()
         return x * scale.to(x.dtype).view(1, -1, 1, 1) + bias.to(x.dtype).view(1, -1, 1, 1)
+
+
+class FoldedConv2d(nn.Conv2d):
+    """A bias-free convolution followed by a FrozenBN, computed as one convolution: W x scale with the shift as
+    its bias (a weight-sized product per step instead of two passes over the activations). The norm keeps its
+    buffers where they were (same state dict); the convolution holds it unregistered."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.norm.scale_shift()
+        weight = self.weight * scale.to(self.weight.dtype).view(-1, 1, 1, 1)
+        return self._conv_forward(x, weight, shift.to(weight.dtype))
+
+
+def fold_frozen_norms(resnet: nn.Module) -> int:
+    """Fold every FrozenBN of a torchvision ResNet into the bias-free convolution it follows (stem, blocks,
+    downsample branches). Returns how many were folded."""
+    pairs = [(resnet, "conv1", "bn1")]
+    for layer in (resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4):
+        for block in layer:
+            pairs += [(block, f"conv{i}", f"bn{i}") for i in (1, 2, 3) if hasattr(block, f"conv{i}")]
+            if block.downsample is not None:
+                pairs.append((block.downsample, "0", "1"))
+    for parent, conv_name, norm_name in pairs:
+        conv, norm = getattr(parent, conv_name), getattr(parent, norm_name)
+        if not isinstance(norm, FrozenBN) or conv.bias is not None:
+            raise ValueError(f"fold_frozen_norms: {conv_name} -> {norm_name} is not a bias-free conv and a FrozenBN")
+        conv.__class__ = FoldedConv2d  # same parameters and buffers: only the forward changes
+        object.__setattr__(conv, "norm", norm)  # not a submodule: the norm stays where its weights load
+        norm.folded = True
+    return len(pairs)
 
 
 def _resnet(name: str, norm: str = "frozen") -> nn.Module:
@@ -96,6 +133,11 @@ class FastRCNN(nn.Module):
         super().__init__()
         self.cfg = cfg
         resnet = _resnet(cfg.backbone, cfg.norm)
+        if cfg.fold_frozen_norms:
+            if cfg.norm != "frozen":
+                raise ValueError("fast_rcnn.fold_frozen_norms needs fast_rcnn.norm: frozen (a trained norm "
+                                 "cannot be folded)")
+            fold_frozen_norms(resnet)
         if cfg.feature_stride not in (8, 16):
             raise ValueError(f"fast_rcnn.feature_stride: {cfg.feature_stride} is not 8 or 16")
         if cfg.res5_dilation not in (1, 2):

@@ -127,3 +127,46 @@ def test_a_batch_norm_warm_up_loads_as_frozen_statistics(tmp_path):
     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="norm"):
         FastRCNN(FastRCNNConfig(backbone="resnet18", norm="group"))
+
+
+@pytest.mark.parametrize("backbone", ["resnet18", "resnet50"])
+def test_folded_frozen_norms_compute_the_same_network(backbone):
+    """fold_frozen_norms: every FrozenBN (stem, blocks, downsample) applied inside the convolution before it; the
+    same state dict, the same features and the same gradients up to float rounding (non-trivial statistics), the
+    frozen stem still frozen, and in DeepSpeed's bf16 mode (module cast) still one dtype."""
+    from dataclasses import replace
+
+    from model.fast_rcnn import FoldedConv2d, FrozenBN
+
+    cfg = FastRCNNConfig(backbone=backbone, num_classes=5, roi_output_size=4)
+    torch.manual_seed(0)
+    plain = FastRCNN(cfg)
+    g = torch.Generator().manual_seed(1)
+    for m in plain.modules():
+        if isinstance(m, FrozenBN):
+            m.running_var.uniform_(0.5, 2.0, generator=g)
+            m.running_mean.normal_(generator=g)
+            m.weight.uniform_(0.5, 1.5, generator=g)
+            m.bias.normal_(generator=g)
+    folded = FastRCNN(replace(cfg, fold_frozen_norms=True))
+    folded.load_state_dict(plain.state_dict())
+    assert list(folded.state_dict()) == list(plain.state_dict())
+    norms = sum(isinstance(m, FrozenBN) for m in plain.modules())
+    assert sum(isinstance(m, FoldedConv2d) for m in folded.modules()) == norms  # every norm: 20 (r18), 53 (r50)
+    assert all(m.folded for m in folded.modules() if isinstance(m, FrozenBN))
+    assert not folded.backbone.conv1.weight.requires_grad  # freeze_stem
+    images = torch.randint(0, 256, (2, 3, 64, 96), dtype=torch.uint8, generator=g)
+    sizes = torch.tensor([[64, 96], [60, 80]])
+    boxes = torch.tensor([[[2.0, 3, 40, 50], [10, 10, 30, 30]], [[0, 0, 20, 20], [5, 5, 60, 50]]])
+    box_mask = torch.ones(2, 2, dtype=torch.bool)
+    outs = [m(images, sizes, boxes, box_mask)["appearance"] for m in (plain, folded)]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4 * float(outs[0].detach().abs().max()))
+    for out in outs:
+        out.square().mean().backward()
+    for (name, p), q in zip(plain.named_parameters(), folded.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-3 * float(p.grad.abs().max()), msg=name)
+    folded.to(torch.bfloat16)
+    assert folded(images, sizes, boxes, box_mask)["appearance"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="fold_frozen_norms"):
+        FastRCNN(replace(cfg, fold_frozen_norms=True, norm="batch"))
