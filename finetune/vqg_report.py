@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,12 +50,14 @@ def collect(runs: Path, split: str) -> dict[str, dict]:
 def random_transformer_xsim(model_dir: Path, cfg: VQGConfig, seed: int = 0) -> dict:
     """Xsim of the same architecture with every weight at its random initialisation."""
 
+    features = open_features(cfg.data.features)
+    # W sized for these features: the first finished step may be step 1, whose W was sized for 2048-d ones
+    size = features[next(iter(features.index))].features.shape[1]
     torch.manual_seed(seed)
-    gen = BertGen(load_config_dir(model_dir))  # the architecture only: no weights read
+    gen = BertGen(replace(load_config_dir(model_dir), precomputed_feature_size=size))  # no weights read
     tokenizer = load_tokenizer(str(model_dir))
     split = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
-    data = VQGSet(split, cfg.data, tokenizer, read_coco_captions(cfg.data.captions), open_features(cfg.data.features),
-                  "both")
+    data = VQGSet(split, cfg.data, tokenizer, read_coco_captions(cfg.data.captions), features, "both")
     return xsim(gen, data, cfg.eval_batch_size, limit=cfg.max_eval_images)
 
 

@@ -193,11 +193,13 @@ def test_step2_trains_only_the_projection(tiny_vqg):
     assert origin["trainable_parameters"] == 32 * (8 + 4) + 32
     metrics = json.loads((d / "step2/metrics_test.json").read_text())
     assert set(metrics["ptb" if shutil.which("java") else "nqg"]) >= {"Bleu_4", "CIDEr", "ROUGE_L"}
+    from finetune.vqg import VQGDataConfig
+
     sims = json.loads((d / "step2/xsim_test.json").read_text())
     assert len(sims["xsim"]) == len(sims["xsim_centred"]) == 2  # one value per layer
     np.testing.assert_allclose(np.mean(sims["per_image"], 0), sims["xsim"], atol=1e-6)
     # centred: each modality's per-layer mean over the images removed, recomputed here from the [CLS] states
-    from finetune.vqg import VQGDataConfig, VQGSet, load_bert_gen
+    from finetune.vqg import VQGSet, load_bert_gen
     from finetune.vqg_data import open_features, read_coco_captions
     from shards.tokenizer import load_tokenizer
 
@@ -212,10 +214,18 @@ def test_step2_trains_only_the_projection(tiny_vqg):
     img, cap = img - img.mean(1, keepdims=True), cap - cap.mean(1, keepdims=True)
     want = ((img * cap).sum(-1) / np.linalg.norm(img, axis=-1) / np.linalg.norm(cap, axis=-1)).T
     np.testing.assert_allclose(sims["per_image_centred"], want, atol=1e-5)
-    from finetune.vqg_report import gap_to_random
+    from finetune.vqg import VQGConfig
+    from finetune.vqg_report import gap_to_random, random_transformer_xsim
 
     gaps = gap_to_random(sims, sims)  # a model against itself: no gap, no width
     assert all(g["mean"] == 0 and g["ci95"] == [0, 0] for g in gaps)
+    # the report's random-weights baseline on step 1's architecture: step 1 read no features (its W is sized for
+    # 2048-d ones), the baseline is sized for the data's 8-d features
+    cfg = VQGConfig(data=VQGDataConfig(train=str(d / "coco_train_all.csv"), val=str(d / "coco_test_all.csv"),
+                                       test=str(d / "coco_test_all.csv"), captions=[str(d / "captions.json")],
+                                       features=str(d / "feats.tsv")), eval_batch_size=4)
+    random = random_transformer_xsim(d / "step1/model", cfg)
+    assert len(random["xsim"]) == 2 and len(random["per_image"]) == 4
     # each generated question is scored by its own log P and length, the end token included
     preds = json.loads((d / "step2/predictions_test.json").read_text())
     assert all(1 <= p["length"] <= 6 and p["score"] <= 0 for p in preds)
