@@ -167,8 +167,8 @@ def run_size(size: str, a, tokenizer) -> dict:
               "seconds_per_step": times, "peak_memory_bytes_plain": memory, "profile": profile}
     if a.no_engine:
         return result
-    try:  # our Engine needs deepspeed (not in every GPU image)
-        import deepspeed  # noqa: F401  lazy: optional here, and it picks its accelerator when imported
+    try:  # lazy: our Engine needs deepspeed (not in every GPU image), and it picks its accelerator when imported
+        import deepspeed  # noqa: F401
     except ImportError as e:
         result["ours_error"] = f"deepspeed not importable: {e}"
         return result
