@@ -42,7 +42,6 @@ from pathlib import Path
 
 import numpy as np
 
-from model.config import ConfigError, load_config
 from model.export import load_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
 from model.vl_bert import VLBertForPretraining
@@ -50,7 +49,7 @@ from shards.region_features import FeatureExtractor
 from shards.tokenizer import bert_source_dir, load_tokenizer
 
 from .conditions import LANGUAGE_FOR_VISION, VISION_FOR_LANGUAGE, Ablator, evaluate
-from .config import DiagnosticConfig, command_line, model_specs
+from .config import DiagnosticConfig, command_config, command_line, model_specs
 from .data import PhraseData
 from .plots import ablation_figures
 from .statistics import format_interval, paired_test, summarise
@@ -168,12 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     models = model_specs(p, args.model)
     if not args.model and not args.text_baseline:
         p.error("give at least one --model NAME=DIR or --text-baseline")
-    try:
-        cfg = load_config(DiagnosticConfig, args.config, args.overrides)
-    except ConfigError as e:
-        p.error(str(e))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    cfg, out = command_config(p, DiagnosticConfig, args)
     report: dict = {"config": cfg.__dict__, "models": {}}
     runs = []
     for name, path in models:

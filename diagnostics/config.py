@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from model.config import required
+from model.config import ConfigError, load_config, required
 
 
 @dataclass
@@ -81,3 +81,16 @@ def model_specs(parser: argparse.ArgumentParser, specs: list[str]) -> list[tuple
             parser.error(f"--model '{spec}': the name '{name}' is given twice")
         out.append((name, path))
     return out
+
+
+def command_config(parser: argparse.ArgumentParser, cls: type, args: argparse.Namespace):
+    """The command's config (--config, then the overrides; a bad field is a usage error naming it) and its --out
+    directory, created."""
+    try:
+        cfg = load_config(cls, args.config, args.overrides)
+    except ConfigError as e:
+        parser.error(str(e))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return cfg, out
+

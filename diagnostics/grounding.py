@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model.boxes import box_iou
-from model.config import ConfigError, load_config
 from model.export import load_pretrained
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import image_regions, load_box_file
@@ -53,7 +52,7 @@ from shards.tokenizer import load_tokenizer
 from .ablation import feature_extractor
 from .categories import CHANCE, MRC_SPLITS, NAMED_BY_SPAN, REPORTED, span_naming_lengths, word_category
 from .conditions import resolve_fill, training_means
-from .config import GroundingConfig, command_line, model_specs
+from .config import GroundingConfig, command_config, command_line, model_specs
 from .plots import grounding_figure
 from .statistics import clustered_bootstrap, format_interval
 
@@ -299,12 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "control)", overrides_example="max_images=50")
     args = p.parse_args(argv)
     models = model_specs(p, args.model)
-    try:
-        cfg = load_config(GroundingConfig, args.config, args.overrides)
-    except ConfigError as e:
-        p.error(str(e))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    cfg, out = command_config(p, GroundingConfig, args)
     summaries = {}
     for name, path in models:
         model, tokenizer_dir = load_pretrained(path), path
