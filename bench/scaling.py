@@ -43,9 +43,9 @@ class Sample:
 def paper_config(size: str, overrides=()):
     """VL-BERT-base/large end to end as the official configs: ResNet-101 C4 (Visual Genome's 1,600 classes +
     background), RoIs pooled 14 x 14, stem and res2 frozen, channels-last convolutions."""
-    return model_config(size, overrides=overrides, updates={"fast_rcnn": {"backbone": "resnet101", "num_classes": 1601,
-                                                     "roi_output_size": 14, "freeze_stem": True, "freeze_res2": True,
-                                                     "channels_last": True}})
+    fast_rcnn = {"backbone": "resnet101", "num_classes": 1601, "roi_output_size": 14, "freeze_stem": True,
+                 "freeze_res2": True, "channels_last": True}
+    return model_config(size, overrides=overrides, updates={"fast_rcnn": fast_rcnn})
 
 
 def sample_flops(size: str, regions: int, caption_tokens: int, text_tokens: int, height: int, width: int) -> Sample:

@@ -50,7 +50,14 @@ from train.loaders import EpochLoader
 from train.run import Task, Training, run
 
 from .generate import DecodeConfig, generate
-from .vqg_data import open_features, read_coco_captions, read_vqa_questions, read_vqg_coco_csv, region_tensors
+from .vqg_data import (
+    feature_size,
+    open_features,
+    read_coco_captions,
+    read_vqa_questions,
+    read_vqg_coco_csv,
+    region_tensors,
+)
 from .vqg_eval import diversity, plot_attention, question_metrics
 
 STEPS = ("step1", "step2", "step2_unfreeze", "step3", "step3_scratch", "custom")
@@ -363,7 +370,7 @@ class VQGRun(Task):
                 raise
             self.features = None  # caption only: no Xsim, and W sized for 2048-d features
         features = self.features
-        feature_size = features[next(iter(features.index))].features.shape[1] if features is not None else 2048
+        size = feature_size(features) if features is not None else 2048
         tok_dir = cfg.data.tokenizer
         if tok_dir is None and cfg.init not in ("random", "packaged") and (Path(cfg.init) / "vocab.txt").exists():
             tok_dir = cfg.init
@@ -373,7 +380,7 @@ class VQGRun(Task):
         if args.eval_only:
             self.gen = load_bert_gen(Path(cfg.engine.run_dir) / "model")
             return None
-        self.gen, self.record = build_model(cfg, feature_size)
+        self.gen, self.record = build_model(cfg, size)
         gen, record = self.gen, self.record
         train = VQGSet(cfg.data.train, cfg.data, self.tokenizer, self.captions, features, cfg.inputs)
         micro = max(1, cfg.batch_size // world)

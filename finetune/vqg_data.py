@@ -239,6 +239,11 @@ def open_features(spec: str):
     return TsvFeatures(spec.split(","))
 
 
+def feature_size(features) -> int:
+    """F of the region features an `open_features` store holds (read off its first image)."""
+    return features[next(iter(features.index))].features.shape[1]
+
+
 # --- batches -----------------------------------------------------------------------------------------
 
 def region_tensors(items: list[RegionFeatures], max_regions: int):

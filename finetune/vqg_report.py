@@ -25,7 +25,7 @@ from model.export import is_export_dir, load_config_dir
 from shards.tokenizer import load_tokenizer
 
 from .vqg import STEPS, VQGConfig, VQGSet, xsim
-from .vqg_data import open_features, read_coco_captions
+from .vqg_data import feature_size, open_features, read_coco_captions
 from .vqg_eval import METRICS, plot_xsim
 
 LABELS = {"step1": "Cap. only, Step 1", "step2": "Im. only, Step 2 (freeze)",
@@ -51,10 +51,9 @@ def random_transformer_xsim(model_dir: Path, cfg: VQGConfig, seed: int = 0) -> d
     """Xsim of the same architecture with every weight at its random initialisation."""
 
     features = open_features(cfg.data.features)
-    # W sized for these features: the first finished step may be step 1, whose W was sized for 2048-d ones
-    size = features[next(iter(features.index))].features.shape[1]
     torch.manual_seed(seed)
-    gen = BertGen(replace(load_config_dir(model_dir), precomputed_feature_size=size))  # no weights read
+    # W sized for these features: the first finished step may be step 1, whose W was sized for 2048-d ones
+    gen = BertGen(replace(load_config_dir(model_dir), precomputed_feature_size=feature_size(features)))
     tokenizer = load_tokenizer(str(model_dir))
     split = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
     data = VQGSet(split, cfg.data, tokenizer, read_coco_captions(cfg.data.captions), features, "both")

@@ -206,9 +206,6 @@ class VLBertEmbeddings(nn.Module):
                         valid: torch.Tensor | None = None) -> torch.Tensor:
         """FC(appearance ++ geometry): [B, R, F], [B, R, 4] -> [B, R, visual_size]. valid [B, R]: the real
         elements (for the standardiser's statistics; default all)."""
-        # features from outside the detector (the diagnostics' fp32 averages, stored features) meet weights that
-        # DeepSpeed's bf16/fp16 mode cast: in the weights' dtype (under autocast they are fp32, autocast casts)
-        appearance = appearance.to(self.visual_feature_embedding[1].weight.dtype)
         if self.appearance_standardiser is not None:
             if valid is None:
                 valid = torch.ones(appearance.shape[:2], dtype=torch.bool, device=appearance.device)
@@ -479,7 +476,8 @@ class VLBert(nn.Module):
                     images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
                     masked_regions=masked_regions, region_features=region_features, image_hw=image_hw,
                     class_logits=output_class_logits)
-            # an edited visual_input (the diagnostics' fp32 averages) meets weights DeepSpeed's bf16/fp16 mode cast
+            # an edited visual_input (the diagnostics' fp32 averages, stored features) meets weights that DeepSpeed's
+            # bf16/fp16 mode cast: once here, for the visual embedding and the region-word classifiers alike
             appearance = appearance.to(emb.visual_feature_embedding[1].weight.dtype)
             if cfg.region_geometry == "whole_image":  # an edited visual_input keeps no layout either
                 boxes_norm = boxes_norm[:, :1].expand_as(boxes_norm)
