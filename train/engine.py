@@ -18,6 +18,7 @@ ranks, so no sample of the epoch is seen twice or skipped (`Engine._resume_elast
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
@@ -43,6 +44,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from model.config import ConfigError, deep_merge
+
+from .optim import BlockedAdamW
 
 
 @dataclass
@@ -92,6 +95,9 @@ class EngineConfig:
     # steps whose batches are drawn and dropped without a forward pass: resume past a known-bad batch
     # (--skip-batches 1200,1201 on the command line)
     skip_steps: list = field(default_factory=list)
+    # CPU only: malloc keeps freed memory for reuse instead of page-faulting large blocks in again every step
+    # (`keep_freed_memory`); the process keeps its peak resident size
+    keep_freed_memory: bool = True
 
 
 def add_run_arguments(parser, config_help: str, overrides_example: str) -> None:
@@ -283,11 +289,13 @@ def warmup_step_decay(warmup: int, milestones: list[int], gamma: float):
 
 
 def build_optimizer(module: torch.nn.Module, optim: OptimConfig, total_steps: int):
-    """The optimizer and the LR factor per step, from the config (AdamW, fused on CUDA; or SGD)."""
+    """The optimizer and the LR factor per step, from the config (AdamW: torch's fused kernels on CUDA, else
+    the same arithmetic over cache-sized blocks, `train.optim.BlockedAdamW`; or SGD)."""
     groups = param_groups(module, optim.weight_decay, optim.lr, optim.lr_multipliers)
-    if optim.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
-                                      fused=torch.cuda.is_available() or None)
+    if optim.optimizer == "adamw" and torch.cuda.is_available():
+        optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=True)
+    elif optim.optimizer == "adamw":
+        optimizer = BlockedAdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
     elif optim.optimizer == "sgd":
         optimizer = torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum)
     else:
@@ -384,6 +392,21 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep the memory the process frees, for the CPU path: every allocation from the heap
+    (none mmap'd) and nothing handed back to the OS below 2 GB of free top. Why: glibc serves each block over
+    32 MB with a fresh mmap and unmaps it on free, so a tensor of that size allocated every step (activations,
+    ZeRO's flattened gradient partition) page-faults all its memory in again every step. Measured at the base
+    shape (docs/BENCHMARKS.md): the plain loop 4.15 -> 3.39 s/step, ZeRO-2 6.12 -> 4.04 s/step. The process's
+    resident size stays at its peak. False where the C library has no mallopt (not glibc): nothing changed."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
 def to_device(batch, device):
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
@@ -412,6 +435,8 @@ class Engine:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        if not torch.cuda.is_available() and cfg.keep_freed_memory:
+            keep_freed_memory()  # before DeepSpeed allocates its buffers
         optimizer, factor = build_optimizer(module, optim, cfg.steps)
         self.engine, self.optimizer, self.scheduler, self._guard = initialize_deepspeed(
             module, optimizer, factor, cfg, optim, micro_batch_size)
