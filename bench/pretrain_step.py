@@ -3,8 +3,9 @@ loop (same module, same batches, AdamW + clipping), in one process, in the same 
 
 "Ours" is the `Engine`'s own loop (`Engine.train`: DeepSpeed's forward, backward and step, the non-finite
 flags, the metric sums, the per-step stop vote, a log line per window), checkpoints switched off, at ZeRO 2 (the
-configs' default) and at ZeRO 0. Data loading is excluded (the same pre-made batches feed both), so the ratio
-isolates the step.
+configs' default) and at ZeRO 0, with the engine's CPU optimizer (`train.optim.BlockedAdamW`). Data loading is
+excluded (the same pre-made batches feed both), so the ratio isolates the step. Both run under the engine's
+allocator setting (`train.engine.keep_freed_memory`, process-wide: set before either is timed).
 Utilisation = counted model FLOPs per second (model/flops.py, by part) over a large fp32 GEMM
 measured in the same run.
 
@@ -38,7 +39,7 @@ from pretrain.tasks import LossConfig, VLBertPretraining
 from shards.demo import build_demo
 from shards.reader import StreamConfig, StreamLoader
 from shards.tokenizer import load_tokenizer
-from train.engine import Engine, EngineConfig, OptimConfig, linear_warmup_decay, param_groups
+from train.engine import Engine, EngineConfig, OptimConfig, keep_freed_memory, linear_warmup_decay, param_groups
 
 from .report import machine, median_range, update_section
 
@@ -153,6 +154,7 @@ def run_scaling(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
 
 
 def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
+    keep_freed_memory()  # the engines below set it for the process anyway: the plain loop gets it from the start
     shape = SHAPES[name]
     samples = shape["captions"] + shape["texts"]
     model_cfg = model_config(shape["preset"], None, shape["overrides"])
@@ -302,8 +304,10 @@ def main(argv=None):
 `python -m bench.pretrain_step --write`: one process; ours is the `Engine`'s loop (DeepSpeed's forward,
 backward and step, the non-finite flags, metric sums, the per-step stop vote and a log line; no checkpoint)
 at ZeRO-2 and, in its own column, at ZeRO-0 (at one rank the engine then skips DeepSpeed's gradient
-all-reduce and clips in its FiniteGuard); fp32, the same module and the same pre-made batches
-(data loading excluded) for all; {args.steps} timed steps after a warm-up step,
+all-reduce and clips in its FiniteGuard), with its CPU optimizer (torch's AdamW arithmetic over cache-sized
+blocks, `train.optim.BlockedAdamW`); the plain loop: torch's AdamW and `clip_grad_norm_`. Both under the
+engine's allocator setting (`keep_freed_memory`: freed memory kept for reuse); fp32, the same module and the
+same pre-made batches (data loading excluded) for all; {args.steps} timed steps after a warm-up step,
 {args.repeats} interleaved repeats; median (min-max). Utilisation = counted model FLOPs (`model/flops.py`:
 transformer 6N per token + attention + heads at masked positions; CNN by FlopCounterMode, x3 for
 backward) per second of our step, over a {2048}^3 fp32 GEMM measured in the same run
