@@ -120,6 +120,13 @@ class RetrievalSet:
         return out
 
 
+def all_pairs_positions(caption_tokens: int, captions: int, regions: int, images: int) -> int:
+    """The non-padding positions (`with_positions`' count) of every one of `captions` captions (`caption_tokens`
+    word-pieces in all, each with [CLS] and [SEP]) paired with every one of `images` images (`regions` regions
+    in all, each image with its whole-image element and [END])."""
+    return images * (caption_tokens + 2 * captions) + captions * (regions + 2 * images)
+
+
 def hardest_others(every: torch.Tensor, image: torch.Tensor, k: int):
     """From the [captions, images] scores of a batch's rows (row i: caption i, image i of image index image[i]):
     per caption the k highest-scoring images of other image indices, per image the k highest-scoring captions of
@@ -145,11 +152,15 @@ class RetrievalModel(nn.Module):
             images=batch["images"], image_sizes=batch["image_sizes"], boxes=batch["boxes"], box_mask=batch["box_mask"])
         return appearance, boxes_norm
 
-    def pair_scores(self, batch: dict, visual, captions: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        """[P] scores of the pairs (row captions[p]'s caption, row images[p]'s image)."""
+    def pair_scores(self, batch: dict, visual, captions: torch.Tensor, images: torch.Tensor,
+                    real_positions: int | None = None) -> torch.Tensor:
+        """[P] scores of the pairs (row captions[p]'s caption, row images[p]'s image). real_positions: the
+        pairs' non-padding positions, counted on the host (`with_positions`' count), where the caller knows it
+        without a sync: the encoder then skips the padding."""
         appearance, boxes_norm = visual
         pair = {"a_ids": batch["a_ids"][captions], "a_mask": batch["a_mask"][captions],
-                "boxes": batch["boxes"][images], "box_mask": batch["box_mask"][images]}
+                "boxes": batch["boxes"][images], "box_mask": batch["box_mask"][images],
+                "real_positions": real_positions}
         out = encode(self.vl_bert, pair, visual_input=(appearance[images], boxes_norm[images]))
         return self.scorer(out.pooled).squeeze(-1)
 
@@ -161,7 +172,10 @@ class RetrievalModel(nn.Module):
         visual = self.visual(batch)
         with torch.no_grad():  # the hard negatives: every caption of the batch against every image
             detached = tuple(v.detach() for v in visual)
-            every = self.pair_scores(batch, detached, rows.repeat_interleave(b), rows.repeat(b)).view(b, b)
+            # each caption meets each image once: b times the batch's own positions (counted by the loader)
+            every_positions = b * batch["real_positions"] if "real_positions" in batch else None
+            every = self.pair_scores(batch, detached, rows.repeat_interleave(b), rows.repeat(b),
+                                     every_positions).view(b, b)
             hard_images, hard_captions = hardest_others(every, image, k)
         captions = torch.cat([rows, rows.repeat_interleave(k), hard_captions.indices.T.reshape(-1)])
         images = torch.cat([rows, hard_images.indices.reshape(-1), rows.repeat_interleave(k)])
@@ -227,7 +241,9 @@ class RetrievalTask:
             data = RegionFeatureCache(data, model.vl_bert.to(device), cfg.eval_batch_size, device,
                                       f"{cfg.eval_split} images")
         n_images = len(data.image_paths)
-        gallery = to_device(data.batch([data.first_example[m] for m in range(n_images)]), device)
+        gallery = data.batch([data.first_example[m] for m in range(n_images)])
+        regions = int(gallery["box_mask"].sum())  # on the host: each chunk's positions are counted without a sync
+        gallery = to_device(gallery, device)
         visual = (gallery["appearance"], gallery["boxes_norm"])
         caption_image = np.array([image for image, _ in data.items])
         scores = np.zeros((len(data.items), n_images), dtype=np.float32)
@@ -240,7 +256,8 @@ class RetrievalTask:
             pairs = dict(gallery, a_ids=ids.to(device).repeat_interleave(n_images, 0),
                          a_mask=mask.to(device).repeat_interleave(n_images, 0))
             rows = torch.arange(len(chunk) * n_images, device=device)
-            scores[chunk] = model.pair_scores(pairs, visual, rows, images.repeat(len(chunk))).float().view(
+            positions = all_pairs_positions(int(mask.sum()), len(chunk), regions, n_images)
+            scores[chunk] = model.pair_scores(pairs, visual, rows, images.repeat(len(chunk)), positions).float().view(
                 len(chunk), n_images).cpu().numpy()
         hits = recalls(scores, caption_image)
         per_image = np.bincount(caption_image, minlength=n_images)

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from finetune.retrieval import RetrievalModel, random_recall, recalls
+from finetune.common import with_positions
+from finetune.retrieval import RetrievalModel, all_pairs_positions, random_recall, recalls
 from model.config import model_config
 from model.vl_bert import VLBert
 from tests.finetune.test_tasks import losses, run_task, tiny_export  # noqa: F401 (a fixture)
@@ -72,6 +73,58 @@ def test_loss_takes_the_batch_hardest_other_images_and_captions():
     assert metrics["loss/text_to_image"].item() == pytest.approx(torch.stack(t2i).mean().item(), rel=1e-4)
     loss.backward()  # the scorer and the encoder learn from the pairs
     assert model.scorer[1].weight.grad.abs().sum() > 0
+
+
+def padded_batch(b: int = 4, n: int = 3):
+    torch.manual_seed(0)
+    cfg = model_config("tiny", updates={"visual_ln_init": 1.0})
+    model = RetrievalModel(VLBert(cfg), dropout=0.0, hard_negatives=1).eval()
+    width = model.vl_bert.fast_rcnn.feature_size
+    batch = {"a_ids": torch.randint(5, 99, (b, 6)), "a_mask": torch.ones(b, 6, dtype=torch.bool),
+             "boxes": torch.rand(b, n, 4) * 50, "box_mask": torch.ones(b, n, dtype=torch.bool),
+             "appearance": torch.randn(b, 1 + n, width), "boxes_norm": torch.rand(b, 1 + n, 4),
+             "image_index": torch.tensor([7, 7, 3, 5])}
+    batch["a_mask"][2, 4:] = False
+    batch["a_mask"][0, 1:] = False
+    batch["box_mask"][1, 1:] = False
+    batch["box_mask"][3, 2] = False
+    return model, batch
+
+
+def test_all_pairs_positions_is_with_positions_count_of_every_pair():
+    _, batch = padded_batch()
+    b = batch["a_mask"].shape[0]
+    captions, images = torch.arange(b).repeat_interleave(b), torch.arange(b).repeat(b)
+    pairs = with_positions({"a_mask": batch["a_mask"][captions], "box_mask": batch["box_mask"][images]})
+    assert all_pairs_positions(int(batch["a_mask"].sum()), b, int(batch["box_mask"].sum()), b) == \
+        pairs["real_positions"] == b * with_positions(dict(batch))["real_positions"]
+    # 3 captions of 5 word-pieces against 2 images of 4 regions, by hand: 6 x (5 + 2) / 3 ... summed per pair
+    assert all_pairs_positions(15, 3, 8, 2) == 2 * (15 + 6) + 3 * (8 + 4) == 78
+
+
+def test_hard_negative_scoring_skips_the_padding_and_scores_the_same():
+    """The b x b pairs scored for the hard negatives run packed, with b times the batch's loader count: the
+    scores equal the padded run's; a count one short changes them (the count is used, and must be exact); the
+    forward passes that count and its loss equals the padded forward's."""
+    model, batch = padded_batch()
+    b = batch["a_mask"].shape[0]
+    captions, images = torch.arange(b).repeat_interleave(b), torch.arange(b).repeat(b)
+    count = b * with_positions(dict(batch))["real_positions"]
+    with torch.no_grad():
+        visual = model.visual(batch)
+        padded = model.pair_scores(batch, visual, captions, images)
+        packed = model.pair_scores(batch, visual, captions, images, count)
+        wrong = model.pair_scores(batch, visual, captions, images, count - 1)
+        seen = []
+        score = model.pair_scores
+        model.pair_scores = lambda *a: seen.append(a[4:]) or score(*a)
+        loss, _ = model(with_positions(dict(batch)))
+        model.pair_scores = score
+        padded_loss, _ = model(dict(batch))
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(wrong, padded, rtol=1e-5, atol=1e-6)
+    assert seen[0] == (count,) and seen[1] in [(), (None,)]  # the pairs trained on: picked on the device
+    assert loss.item() == pytest.approx(padded_loss.item(), rel=1e-5)
 
 
 def test_demo_retrieval_file_is_karpathys_format(demo_corpus):
