@@ -397,8 +397,9 @@ def keep_freed_memory() -> bool:
     (none mmap'd) and nothing handed back to the OS below 2 GB of free top. Why: glibc serves each block over
     32 MB with a fresh mmap and unmaps it on free, so a tensor of that size allocated every step (activations,
     ZeRO's flattened gradient partition) page-faults all its memory in again every step. Measured at the base
-    shape (docs/BENCHMARKS.md): the plain loop 4.15 -> 3.39 s/step, ZeRO-2 6.12 -> 4.04 s/step. The process's
-    resident size stays at its peak. False where the C library has no mallopt (not glibc): nothing changed."""
+    shape (docs/BENCHMARKS.md): the plain loop 4.15 -> 3.39 s/step, ZeRO-2 6.12 -> 4.04 s/step, for 10-14% more
+    peak resident memory, which the process then keeps. False where the C library has no mallopt (not glibc):
+    nothing changed."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
