@@ -93,4 +93,3 @@ def command_config(parser: argparse.ArgumentParser, cls: type, args: argparse.Na
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return cfg, out
-

@@ -42,10 +42,9 @@ def test_random_recall_equals_enumerating_every_ranking():
         ((1 - math.comb(45, 10) / math.comb(50, 10)) + 10 / 50) / 2)
 
 
-def test_loss_takes_the_batch_hardest_other_images_and_captions():
-    """The forward's loss against a brute force over every pair: each caption against its image and the
-    highest-scoring image of another image index (captions 0 and 1 share image 7: never each other's
-    negative), each image against its caption and the highest-scoring caption of another image."""
+def tiny_batch(more_padding: bool = False):
+    """A tiny retrieval model (eval mode) and a batch of 4 cached-feature rows, caption 2 padded; with
+    more_padding, caption 0 and the boxes of images 1 and 3 padded too."""
     torch.manual_seed(0)
     cfg = model_config("tiny", updates={"visual_ln_init": 1.0})
     model = RetrievalModel(VLBert(cfg), dropout=0.0, hard_negatives=1).eval()
@@ -55,6 +54,19 @@ def test_loss_takes_the_batch_hardest_other_images_and_captions():
              "appearance": torch.randn(b, 1 + n, width), "boxes_norm": torch.rand(b, 1 + n, 4),
              "image_index": torch.tensor([7, 7, 3, 5])}
     batch["a_mask"][2, 4:] = False
+    if more_padding:
+        batch["a_mask"][0, 1:] = False
+        batch["box_mask"][1, 1:] = False
+        batch["box_mask"][3, 2] = False
+    return model, batch
+
+
+def test_loss_takes_the_batch_hardest_other_images_and_captions():
+    """The forward's loss against a brute force over every pair: each caption against its image and the
+    highest-scoring image of another image index (captions 0 and 1 share image 7: never each other's
+    negative), each image against its caption and the highest-scoring caption of another image."""
+    model, batch = tiny_batch()
+    b = batch["a_mask"].shape[0]
     batch["appearance"][1] = batch["appearance"][0]  # the same image in rows 0 and 1
     loss, metrics = model(batch)
     with torch.no_grad():
@@ -75,24 +87,8 @@ def test_loss_takes_the_batch_hardest_other_images_and_captions():
     assert model.scorer[1].weight.grad.abs().sum() > 0
 
 
-def padded_batch(b: int = 4, n: int = 3):
-    torch.manual_seed(0)
-    cfg = model_config("tiny", updates={"visual_ln_init": 1.0})
-    model = RetrievalModel(VLBert(cfg), dropout=0.0, hard_negatives=1).eval()
-    width = model.vl_bert.fast_rcnn.feature_size
-    batch = {"a_ids": torch.randint(5, 99, (b, 6)), "a_mask": torch.ones(b, 6, dtype=torch.bool),
-             "boxes": torch.rand(b, n, 4) * 50, "box_mask": torch.ones(b, n, dtype=torch.bool),
-             "appearance": torch.randn(b, 1 + n, width), "boxes_norm": torch.rand(b, 1 + n, 4),
-             "image_index": torch.tensor([7, 7, 3, 5])}
-    batch["a_mask"][2, 4:] = False
-    batch["a_mask"][0, 1:] = False
-    batch["box_mask"][1, 1:] = False
-    batch["box_mask"][3, 2] = False
-    return model, batch
-
-
 def test_all_pairs_positions_is_with_positions_count_of_every_pair():
-    _, batch = padded_batch()
+    _, batch = tiny_batch(more_padding=True)
     b = batch["a_mask"].shape[0]
     captions, images = torch.arange(b).repeat_interleave(b), torch.arange(b).repeat(b)
     pairs = with_positions({"a_mask": batch["a_mask"][captions], "box_mask": batch["box_mask"][images]})
@@ -106,7 +102,7 @@ def test_hard_negative_scoring_skips_the_padding_and_scores_the_same():
     """The b x b pairs scored for the hard negatives run packed, with b times the batch's loader count: the
     scores equal the padded run's; a count one short changes them (the count is used, and must be exact); the
     forward passes that count and its loss equals the padded forward's."""
-    model, batch = padded_batch()
+    model, batch = tiny_batch(more_padding=True)
     b = batch["a_mask"].shape[0]
     captions, images = torch.arange(b).repeat_interleave(b), torch.arange(b).repeat(b)
     count = b * with_positions(dict(batch))["real_positions"]
