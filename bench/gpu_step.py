@@ -27,10 +27,12 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from model.fast_rcnn import FastRCNN
 from model.flops import measured_matmul_peak
 from model.vl_bert import VLBertForPretraining
 from pretrain.masking import MaskingConfig, PretrainMasker
@@ -77,24 +79,35 @@ def synced(fn, dev: torch.device) -> float:
     return time.perf_counter() - t
 
 
-def device_profile(step, batches: list, seconds_per_step: float) -> dict:
-    """Where a plain step's time goes on the device: the kernels' own time per step against the step's wall time
-    (a GPU busy well under the wall is waiting for the host to launch work), and the top operators by it."""
+# CUDA runtime calls that wait for the device (a host sync inside a step stalls the launch queue)
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def device_profile(run, steps: int, seconds_per_step: float) -> dict:
+    """Where `steps` steps' time goes (`run` does them): the kernels' own time per step against the step's wall
+    time (a GPU busy well under the wall is waiting for the host to launch work), the top kernels by it, the host
+    operators by their own CPU time (what the host spends the step on), and the runtime calls that wait for the
+    device."""
     from torch.autograd import DeviceType  # lazy: only with --profile
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for b in batches:
-            step(b)
+        run()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]  # the kernels, not the ops
-    kernel_s = sum(e.self_device_time_total for e in kernels) / 1e6 / len(batches)
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]  # the kernels, not the ops
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    kernel_s = sum(e.self_device_time_total for e in kernels) / 1e6 / steps
     top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:12]
+    top_host = sorted(host, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
     return {"kernel_seconds_per_step": kernel_s, "device_busy_fraction": kernel_s / seconds_per_step,
-            "kernels_per_step": sum(e.count for e in kernels) / len(batches),
-            "top": [{"kernel": e.key[:120], "device_ms_per_step": e.self_device_time_total / 1e3 / len(batches),
-                     "calls_per_step": e.count / len(batches)} for e in top]}
+            "kernels_per_step": sum(e.count for e in kernels) / steps,
+            "syncs_per_step": {e.key: e.count / steps for e in host if e.key.startswith(SYNC_CALLS)},
+            "top": [{"kernel": e.key[:120], "device_ms_per_step": e.self_device_time_total / 1e3 / steps,
+                     "calls_per_step": e.count / steps} for e in top],
+            "top_host": [{"op": e.key[:120], "cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+                          "calls_per_step": e.count / steps} for e in top_host]}
 
 
 def run_size(size: str, a, tokenizer) -> dict:
@@ -132,6 +145,18 @@ def run_size(size: str, a, tokenizer) -> dict:
         detector.zero_grad(set_to_none=True)
 
     peer = TorchvisionC4(detector).to(dev)
+    # the same detector with each frozen norm inside its convolution (fast_rcnn.fold_frozen_norms), interleaved
+    folded = None
+    if not cfg.fast_rcnn.fold_frozen_norms:
+        folded = FastRCNN(replace(cfg.fast_rcnn, fold_frozen_norms=True)).to(dev)
+        folded.load_state_dict(detector.state_dict())
+
+    def folded_step(b):
+        c = b["caption"]
+        with autocast:
+            out = folded(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
+        out["appearance"].float().sum().backward()
+        folded.zero_grad(set_to_none=True)
 
     def peer_step(b):
         c = b["caption"]
@@ -146,7 +171,7 @@ def run_size(size: str, a, tokenizer) -> dict:
                 step(b)
         return run
 
-    parts = {"plain": plain_step, "cnn": cnn_step, "peer": peer_step}
+    parts = {"plain": plain_step, "cnn": cnn_step, "peer": peer_step, **({"cnn_folded": folded_step} if folded else {})}
     for step in parts.values():  # warm-up: cuDNN's algorithm search, the allocator, the fused optimizer
         for b in on_gpu[:2]:
             step(b)
@@ -158,7 +183,7 @@ def run_size(size: str, a, tokenizer) -> dict:
         for k, step in parts.items():
             times[k].append(synced(window(step), dev) / a.steps)
     memory = torch.cuda.max_memory_allocated() if cuda else None
-    profile = device_profile(plain_step, on_gpu[1:], statistics.median(times["plain"])) if a.profile else None
+    profile = device_profile(window(plain_step), a.steps, statistics.median(times["plain"])) if a.profile else None
     opt.state.clear()  # the Engine below builds its own
     module.cpu()
     if cuda:
@@ -174,10 +199,19 @@ def run_size(size: str, a, tokenizer) -> dict:
         return result
     tmp = tempfile.mkdtemp(prefix="bench_gpu_step_")
     try:
-        engine = engine_loop(cfg, initial, on_gpu, 2, f"{tmp}/zero2", a.steps, 2 * a.captions, precision="bf16",
-                             grad_clip=10.0)
-        engine_window(engine, 2)  # warm-up beyond the first step
-        result["seconds_per_step"]["ours"] = [engine_window(engine, a.steps) for _ in range(a.repeats)]
+        for stage in a.engine_stages:  # "ours" is ZeRO-2's (the pretraining configs'); other stages beside it
+            name = "ours" if stage == 2 else f"ours_zero{stage}"
+            engine = engine_loop(cfg, initial, on_gpu, stage, f"{tmp}/zero{stage}", a.steps, 2 * a.captions,
+                                 precision="bf16", grad_clip=10.0)
+            engine_window(engine, 2)  # warm-up beyond the first step
+            result["seconds_per_step"][name] = [engine_window(engine, a.steps) for _ in range(a.repeats)]
+            if a.profile:
+                result[f"profile_{name}"] = device_profile(lambda e=engine: engine_window(e, a.steps), a.steps,
+                                                           statistics.median(result["seconds_per_step"][name]))
+            engine.engine.destroy()
+            del engine
+            if cuda:
+                torch.cuda.empty_cache()
     except Exception as e:  # noqa: BLE001  the plain figures stand without it; say why it is missing
         result["ours_error"] = f"{type(e).__name__}: {e}"
     finally:
@@ -193,6 +227,11 @@ def summarise(r: dict, peak: float) -> dict:
            "mfu_transformer": f["transformer"] / max(t["plain"] - t["cnn"], 1e-9) / peak,
            "cnn_share_of_step": t["cnn"] / t["plain"], "cnn_ours_over_peer_speed": t["peer"] / t["cnn"],
            "samples_per_s_plain": r["samples_per_step"] / t["plain"]}
+    if "cnn_folded" in t:
+        out["cnn_folded_over_cnn_speed"] = t["cnn"] / t["cnn_folded"]
+    for k in t:
+        if k.startswith("ours_zero"):
+            out[f"{k}_over_plain_speed"] = t["plain"] / t[k]
     if "ours" in t:
         out.update(mfu_ours=(f["transformer"] + f["cnn"]) / t["ours"] / peak,
                    ours_over_plain_speed=t["plain"] / t["ours"], samples_per_s_ours=r["samples_per_step"] / t["ours"])
@@ -215,8 +254,11 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--fold-norms", action="store_true", help="fast_rcnn.fold_frozen_norms (each frozen norm inside "
                                                              "its convolution)")
-    p.add_argument("--profile", action="store_true", help="also profile the plain step's kernels (CUDA)")
+    p.add_argument("--profile", action="store_true", help="also profile the plain step's and the Engine's kernels, "
+                                                          "host operators and device syncs")
     p.add_argument("--no-engine", action="store_true", help="skip our Engine's loop")
+    p.add_argument("--engine-stages", type=int, nargs="+", default=[2],
+                   help="ZeRO stages of our Engine's loop to time (2 is the pretraining configs')")
     p.add_argument("--device", default="cuda", help="cuda; cpu only to check the bench itself (tests)")
     p.add_argument("--preset-overrides", nargs="*", default=[], help=argparse.SUPPRESS)  # tests: a tiny model
     a = p.parse_args(argv)

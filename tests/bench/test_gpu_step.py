@@ -34,10 +34,13 @@ def test_synthetic_batches_have_the_requested_shapes_and_train():
 def test_utilisation_by_hand():
     r = {"samples_per_step": 16, "flops_per_step": {"transformer": 2e12, "cnn": 6e12},
          "seconds_per_step": {"plain": [0.1, 0.2, 0.3], "cnn": [0.05, 0.06, 0.07], "peer": [0.09, 0.09, 0.09],
-                              "ours": [0.4, 0.4, 0.4]}}
+                              "ours": [0.4, 0.4, 0.4], "ours_zero0": [0.5, 0.25, 0.3],
+                              "cnn_folded": [0.04, 0.05, 0.03]}}
     s = summarise(r, peak=1e15)
     assert s["mfu_plain"] == pytest.approx(8e12 / 0.2 / 1e15)
     assert s["mfu_cnn"] == pytest.approx(6e12 / 0.06 / 1e15)
     assert s["mfu_transformer"] == pytest.approx(2e12 / 0.14 / 1e15)
     assert s["cnn_ours_over_peer_speed"] == pytest.approx(0.09 / 0.06)
     assert s["ours_over_plain_speed"] == pytest.approx(0.5) and s["samples_per_s_plain"] == pytest.approx(80)
+    assert s["ours_zero0_over_plain_speed"] == pytest.approx(0.2 / 0.3)
+    assert s["cnn_folded_over_cnn_speed"] == pytest.approx(0.06 / 0.04)
