@@ -10,8 +10,11 @@ computes. Timed, each after warm-up steps and with one device sync per window (n
 - plain: `VLBertPretraining` under `torch.autocast(bf16)`, fused AdamW, gradient clipping at 10;
 - cnn: the Fast R-CNN's forward + backward alone on the same images and boxes (its share of the step);
 - peer: torchvision's own ResNet C4 + RoIAlign on the same weights and batches (`bench.fast_rcnn_step`);
+- cnn_folded: the same detector with each frozen norm folded into its convolution (`fast_rcnn.fold_frozen_norms`);
 - ours: the `Engine` loop (DeepSpeed ZeRO-2, bf16, its non-finite flags and metric sums), when deepspeed is
-  installed.
+  installed; `--engine-stages` / `--engine-precisions` add other ZeRO stages and `bf16_autocast` beside it
+  (`ours_zero<S>[_<precision>]`); `--profile` profiles the plain step and each Engine loop (kernels, host
+  operators, device syncs).
 MFU = counted model FLOPs (`model/flops.py`) per second over the GPU's dense bf16 peak (`--peak-tflops`, the
 datasheet's; a large bf16 GEMM measured in the same run is reported beside it).
 
@@ -199,10 +202,12 @@ def run_size(size: str, a, tokenizer) -> dict:
         return result
     tmp = tempfile.mkdtemp(prefix="bench_gpu_step_")
     try:
-        for stage in a.engine_stages:  # "ours" is ZeRO-2's (the pretraining configs'); other stages beside it
-            name = "ours" if stage == 2 else f"ours_zero{stage}"
-            engine = engine_loop(cfg, initial, on_gpu, stage, f"{tmp}/zero{stage}", a.steps, 2 * a.captions,
-                                 precision="bf16", grad_clip=10.0)
+        # "ours" is ZeRO-2 in bf16 (the pretraining configs'); other stages and precisions beside it
+        for stage, precision in ((s, p) for s in a.engine_stages for p in a.engine_precisions):
+            name = "ours" if (stage, precision) == (2, "bf16") else \
+                f"ours_zero{stage}" + ("" if precision == "bf16" else f"_{precision}")
+            engine = engine_loop(cfg, initial, on_gpu, stage, f"{tmp}/{name}", a.steps, 2 * a.captions,
+                                 precision=precision, grad_clip=10.0)
             engine_window(engine, 2)  # warm-up beyond the first step
             result["seconds_per_step"][name] = [engine_window(engine, a.steps) for _ in range(a.repeats)]
             if a.profile:
@@ -259,6 +264,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--no-engine", action="store_true", help="skip our Engine's loop")
     p.add_argument("--engine-stages", type=int, nargs="+", default=[2],
                    help="ZeRO stages of our Engine's loop to time (2 is the pretraining configs')")
+    p.add_argument("--engine-precisions", nargs="+", default=["bf16"], choices=["bf16", "bf16_autocast"],
+                   help="engine.precision of our Engine's loop: DeepSpeed's bf16 mode, or fp32 weights under autocast")
     p.add_argument("--device", default="cuda", help="cuda; cpu only to check the bench itself (tests)")
     p.add_argument("--preset-overrides", nargs="*", default=[], help=argparse.SUPPRESS)  # tests: a tiny model
     a = p.parse_args(argv)

@@ -73,7 +73,9 @@ class EngineConfig:
     steps: int = 250_000  # optimizer steps
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0/1/2/3
     gradient_accumulation_steps: int = 1
-    precision: str = "bf16"  # bf16 | fp16 (dynamic loss scaling) | fp32 (CPU)
+    # bf16 (DeepSpeed's mixed precision: bf16 weights, fp32 master copy) | bf16_autocast (fp32 weights, the forward
+    # under torch.autocast, as a plain PyTorch AMP loop) | fp16 (dynamic loss scaling) | fp32 (CPU)
+    precision: str = "bf16"
     log_every: int = 10  # scalars to TensorBoard and metrics.jsonl every N steps
     image_every: int = 500  # a drawn training sample every N steps (0 = never)
     checkpoint_every: int = 1000
@@ -140,8 +142,9 @@ class NonFiniteSteps(FloatingPointError):
 
 class FiniteGuard:
     """Skips an optimizer step whose gradients are not finite, for the one path where DeepSpeed applies it:
-    ZeRO stage 0 in fp32 (its ZeRO 1-3 optimizers and its bf16/fp16 wrappers test the global gradient norm they
-    compute for clipping and skip the step themselves). Installed as the torch optimizer's `step`.
+    ZeRO stage 0 with fp32 weights (`fp32`, `bf16_autocast`; its ZeRO 1-3 optimizers and its bf16/fp16 wrappers
+    test the global gradient norm they compute for clipping and skip the step themselves). Installed as the torch
+    optimizer's `step`.
 
     On that path it also clips (`max_norm` > 0; DeepSpeed's own clipping is then off, see `deepspeed_config`):
     the total norm it computes for the test is the one clipping needs, taken once with torch's multi-tensor
@@ -316,9 +319,13 @@ def bucket_elements(num_params: int) -> int:
     return int(min(500_000_000, max(1 << 20, num_params // 8))) // 64 * 64  # NCCL alignment
 
 
+# the precisions whose weights, gradients and optimizer stay fp32 (DeepSpeed runs no mixed-precision optimizer)
+FP32_WEIGHTS = ("fp32", "bf16_autocast")
+
+
 def guarded(cfg: EngineConfig) -> bool:
-    """Whether the engine's own FiniteGuard skips and clips (ZeRO 0 in fp32), not DeepSpeed's optimizer."""
-    return cfg.zero_stage == 0 and cfg.precision == "fp32"
+    """Whether the engine's own FiniteGuard skips and clips (ZeRO 0 with fp32 weights), not DeepSpeed's optimizer."""
+    return cfg.zero_stage == 0 and cfg.precision in FP32_WEIGHTS
 
 
 def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: int,
@@ -344,8 +351,13 @@ def deepspeed_config(cfg: EngineConfig, optim: OptimConfig, micro_batch_size: in
         ds["bf16"] = {"enabled": True}
     elif cfg.precision == "fp16":
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    elif cfg.precision == "bf16_autocast":
+        # DeepSpeed wraps the forward in torch.autocast; at ZeRO 1-3 it reduces the gradients of linear and conv
+        # weights in bf16. Measured on one GPU, its bf16 mode doubles the kernel launches of a step and hooks every
+        # gradient into fp32 buffers, at ZeRO 0 as at 2 (docs/BENCHMARKS.md, "Where the Engine's GPU time goes")
+        ds["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     elif cfg.precision != "fp32":
-        raise ValueError(f"engine.precision: '{cfg.precision}' is not bf16, fp16 or fp32")
+        raise ValueError(f"engine.precision: '{cfg.precision}' is not bf16, bf16_autocast, fp16 or fp32")
     if cfg.deepspeed_config:
         # merged key by key: a user's `zero_optimization: {overlap_comm: true}` keeps the stage and the bucket
         # sizes above (a top-level merge replaced the whole block, and DeepSpeed fell back to its 500M buckets)
@@ -367,7 +379,7 @@ def initialize_deepspeed(module: torch.nn.Module, optimizer: torch.optim.Optimiz
         config=deepspeed_config(cfg, optim, micro_batch_size, sum(p.numel() for p in module.parameters())),
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if world == 1 and cfg.zero_stage == 0 and cfg.precision == "fp32":
+    if world == 1 and cfg.zero_stage == 0 and cfg.precision in FP32_WEIGHTS:
         # one rank has nothing to average with; DeepSpeed's all-reduce would still pass every gradient through
         # the process group (ZeRO and the mixed-precision optimizers reduce in their own hooks: left as they are)
         engine.enable_backward_allreduce = False
