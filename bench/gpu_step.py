@@ -140,26 +140,22 @@ def run_size(size: str, a, tokenizer) -> dict:
 
     detector = module.model.vl_bert.fast_rcnn
 
-    def cnn_step(b):
-        c = b["caption"]
-        with autocast:
-            out = detector(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
-        out["appearance"].float().sum().backward()
-        detector.zero_grad(set_to_none=True)
+    def detector_step(det):
+        def step(b):
+            c = b["caption"]
+            with autocast:
+                out = det(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
+            out["appearance"].float().sum().backward()
+            det.zero_grad(set_to_none=True)
+        return step
 
+    cnn_step = detector_step(detector)
     peer = TorchvisionC4(detector).to(dev)
     # the same detector with each frozen norm inside its convolution (fast_rcnn.fold_frozen_norms), interleaved
     folded = None
     if not cfg.fast_rcnn.fold_frozen_norms:
         folded = FastRCNN(replace(cfg.fast_rcnn, fold_frozen_norms=True)).to(dev)
         folded.load_state_dict(detector.state_dict())
-
-    def folded_step(b):
-        c = b["caption"]
-        with autocast:
-            out = folded(c["images"], c["image_sizes"], c["boxes"], c["box_mask"], c["masked_regions"])
-        out["appearance"].float().sum().backward()
-        folded.zero_grad(set_to_none=True)
 
     def peer_step(b):
         c = b["caption"]
@@ -174,7 +170,9 @@ def run_size(size: str, a, tokenizer) -> dict:
                 step(b)
         return run
 
-    parts = {"plain": plain_step, "cnn": cnn_step, "peer": peer_step, **({"cnn_folded": folded_step} if folded else {})}
+    parts = {"plain": plain_step, "cnn": cnn_step, "peer": peer_step}
+    if folded is not None:
+        parts["cnn_folded"] = detector_step(folded)
     for step in parts.values():  # warm-up: cuDNN's algorithm search, the allocator, the fused optimizer
         for b in on_gpu[:2]:
             step(b)
