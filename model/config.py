@@ -129,6 +129,15 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
     data[keys[-1]] = value
 
 
+def _apply_overrides(data: dict, overrides: list[str]) -> None:
+    """`a.b=value` overrides into `data` in place (values parsed as YAML)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}': expected key=value")
+        key, raw = item.split("=", 1)
+        _set_path(data, key.strip(), yaml.safe_load(raw))
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> T:
     """Build `cls` from an optional YAML file and `a.b=value` overrides (values parsed as YAML)."""
     data: dict = {}
@@ -143,11 +152,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         data = loaded or {}
     overrides = list(overrides)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}': expected key=value")
-        key, raw = item.split("=", 1)
-        _set_path(data, key.strip(), yaml.safe_load(raw))
+    _apply_overrides(data, overrides)
     if overrides:
         where = f"{where} + overrides"
     cfg = from_dict(cls, data, where)
@@ -321,12 +326,7 @@ def model_config(preset: str = "base", path: str | Path | None = None, overrides
     if preset not in PRESETS:
         raise ConfigError(f"{path or 'model config'}: unknown preset '{preset}'; known: {sorted(PRESETS)}")
     merged = deep_merge(deep_merge(PRESETS[preset], data), updates or {})
-    overrides = list(overrides)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}': expected key=value")
-        key, raw = item.split("=", 1)
-        _set_path(merged, key.strip(), yaml.safe_load(raw))
+    _apply_overrides(merged, list(overrides))
     return from_dict(VLBertConfig, merged, str(path) if path else f"preset {preset}")
 
 
