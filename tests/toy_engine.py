@@ -1,7 +1,21 @@
 """The smallest things the engine trains, for the tests that start it in a subprocess: a loader whose position is
-its state, and a linear module whose loss is logged."""
+its state, a linear module whose loss is logged, and the environment such a subprocess runs in."""
+
+import os
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_process_env() -> dict[str, str]:
+    """The environment for a trainer started as its own single process on CPU: this repository importable, and no
+    rank variables inherited from a caller (a launcher's would make it join another job's process group)."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
 
 
 class CountingLoader:

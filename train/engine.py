@@ -379,7 +379,7 @@ def initialize_deepspeed(module: torch.nn.Module, optimizer: torch.optim.Optimiz
         config=deepspeed_config(cfg, optim, micro_batch_size, sum(p.numel() for p in module.parameters())),
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if world == 1 and cfg.zero_stage == 0 and cfg.precision in FP32_WEIGHTS:
+    if world == 1 and guarded(cfg):
         # one rank has nothing to average with; DeepSpeed's all-reduce would still pass every gradient through
         # the process group (ZeRO and the mixed-precision optimizers reduce in their own hooks: left as they are)
         engine.enable_backward_allreduce = False

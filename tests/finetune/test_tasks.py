@@ -22,6 +22,7 @@ from finetune.vqa import build_answer_vocab
 from finetune.vqa_score import normalise_answer, read_vqa, soft_score, vqa_accuracy
 from shards.images import ImageConfig, load_image
 from shards.skips import SkipLog
+from tests.toy_engine import one_process_env
 from train.loaders import EpochLoader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -477,9 +478,7 @@ def test_pretrained_export_loads_into_each_task(tiny_export):
 
 
 def run_task(module: str, run_dir: Path, *overrides: str) -> None:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = one_process_env()
     cmd = [sys.executable, "-m", module, "image.short_side=64", "image.long_side=96", "image.max_regions=8",
            "batch_size=4", "optim.lr=1e-3", "warmup_fraction=0", "optim.weight_decay=0", "max_eval_examples=8",
            "eval_batch_size=4", f"engine.run_dir={run_dir}", "engine.progress=false", "engine.zero_stage=0",

@@ -23,6 +23,7 @@ from finetune.vqg_data import (
     region_tensors,
     tsv_to_shards,
 )
+from tests.toy_engine import one_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,9 +160,7 @@ def tiny_vqg(tmp_path_factory):
 
 
 def run_vqg(d: Path, run: str, *overrides: str) -> None:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = one_process_env()
     cmd = [sys.executable, "-m", "finetune.vqg", f"data.train={d}/coco_train_all.csv",
            f"data.test={d}/coco_test_all.csv", f"data.val={d}/coco_test_all.csv", f"data.captions=[{d}/captions.json]",
            f"data.features={d}/feats.tsv",

@@ -1,7 +1,6 @@
 """The supervised Fast R-CNN warm-up (pretrain/detector.py) and the COCO reader it shares."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from model.config import FastRCNNConfig, load_config
 from model.fast_rcnn import FastRCNN, size_classifier
 from pretrain.detector import BoxSet, DetectorConfig, DetectorWarmup, drift, evaluate, export_state, fit_size_classifier
 from shards.coco import CocoFormatError, read_instances, read_vocabularies
+from tests.toy_engine import one_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = FastRCNNConfig(backbone="resnet18", num_classes=3, freeze_stem=False, freeze_res2=False, roi_output_size=4)
@@ -170,9 +170,7 @@ def test_evaluate_counts_by_hand(tmp_path, monkeypatch):
 def test_command_line_writes_weights_and_val_metrics(tmp_path):
     sizes = {10: 2, 20: 1}  # a's square is big, b's small
     path = write_coco(tmp_path, [dict(a, size_id=sizes[a["id"]]) for a in ANNS if not a.get("iscrowd")], sizes=True)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = one_process_env()
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "pretrain.detector", f"train={path}", f"val={path}", f"image_root={tmp_path}",
            "fast_rcnn.backbone=resnet18", "fast_rcnn.num_classes=3", "fast_rcnn.roi_output_size=4",

@@ -9,13 +9,14 @@ the equality. At ZeRO 0 in fp32 the engine's FiniteGuard does the skip; at ZeRO 
 gradient-norm check does."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.toy_engine import one_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,9 +65,7 @@ sys.exit(entry_point(main))
 
 
 def run(run_dir: Path, stage: int, steps: int = 8, nan_data=(), inf_grad=(), skip=(), max_bad=3, resume=False):
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = one_process_env()
     args = {"run_dir": str(run_dir), "stage": stage, "steps": steps, "nan_data": list(nan_data),
             "inf_grad": list(inf_grad), "skip": list(skip), "max": max_bad, "resume": resume}
     return subprocess.run([sys.executable, "-c", _RUN, json.dumps(args)], cwd=ROOT, env=env, capture_output=True,

@@ -2,10 +2,11 @@
 (--resume) or replace (--overwrite) them, runs carry an id, and export refuses another run's weights."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.toy_engine import one_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,9 +41,7 @@ sys.exit(entry_point(main))
 
 
 def run(run_dir: Path, steps: int, mode: str = "new"):
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = one_process_env()
     return subprocess.run([sys.executable, "-c", _RUN, str(run_dir), str(steps), mode], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 

@@ -3,17 +3,17 @@
 The independent reference is a plain PyTorch AMP loop written here (torch.autocast around the forward, fp32
 backward, clip_grad_norm_, torch's AdamW, LambdaLR with the engine's schedule) from the same initial weights on
 the same batches: at ZeRO 0 the engine's weights must equal it, and must differ from the same loop without
-autocast (so the forward did run in bf16). At ZeRO 2, DeepSpeed reduces linear weights' gradients in bf16, so it
-is close to the reference, not equal."""
+autocast (so the forward did run in bf16). At ZeRO 2 DeepSpeed's own optimizer wrapper clips and may reduce linear
+weights' gradients in bf16 across ranks, so only closeness is asserted (at one rank it measured equal, 1.5e-8)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.toy_engine import one_process_env
 from train.engine import EngineConfig, OptimConfig, deepspeed_config, guarded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,9 +83,7 @@ sys.exit(entry_point(main))
 
 
 def run(tmp_path: Path, stage: int) -> dict:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = one_process_env()
     args = {"run_dir": str(tmp_path / f"zero{stage}"), "stage": stage}
     proc = subprocess.run([sys.executable, "-c", _RUN, json.dumps(args)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -116,4 +114,4 @@ def test_zero0_equals_a_plain_amp_loop(tmp_path):
 def test_zero2_is_close_to_the_plain_amp_loop(tmp_path):
     r = run(tmp_path, 2)
     assert r["dtypes"] == ["torch.float32"]
-    assert r["amp"] < 0.05 * r["amp_scale"]  # gradients reduced in bf16: close, not equal
+    assert r["amp"] < 0.05 * r["amp_scale"]  # DeepSpeed's clipping and reduction: close

@@ -3,10 +3,11 @@ command line's overrides, this rank's seed, the steps the engine trained, the la
 engine at all when the task has nothing to train (--eval-only)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.toy_engine import one_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,9 +53,7 @@ sys.exit(entry_point(lambda: run(Toy(), sys.argv[1:])))
 
 
 def toy_process(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = one_process_env()
     script = tmp_path / "toy.py"
     script.write_text(_TASK)
     plain = ["engine.zero_stage=1", "engine.precision=fp32", "engine.log_every=1", "engine.checkpoint_every=100",
