@@ -82,15 +82,16 @@ def synced(fn, dev: torch.device) -> float:
     return time.perf_counter() - t
 
 
-# CUDA runtime calls that wait for the device (a host sync inside a step stalls the launch queue)
+# CUDA runtime calls that copy or wait (a synchronize, or a copy to the host, stalls the launch queue; an async
+# device-to-device copy does not, and is counted here only as a copy)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
 def device_profile(run, steps: int, seconds_per_step: float) -> dict:
     """Where `steps` steps' time goes (`run` does them): the kernels' own time per step against the step's wall
     time (a GPU busy well under the wall is waiting for the host to launch work), the top kernels by it, the host
-    operators by their own CPU time (what the host spends the step on), and the runtime calls that wait for the
-    device."""
+    operators by their own CPU time (what the host spends the step on), and the runtime's copy and synchronize
+    calls (`syncs_per_step`)."""
     from torch.autograd import DeviceType  # lazy: only with --profile
     from torch.profiler import ProfilerActivity, profile
 
