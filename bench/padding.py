@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import random
 import tarfile
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch
 from pretrain.run import count_batch
 from shards.batching import length_groups
 from shards.reader import StreamConfig, StreamLoader
+from shards.seeding import python_rng
 
 from .report import machine, update_section
 
@@ -52,7 +52,7 @@ def batch_stream(items: list, size: int, pool: int, length, seed: int = 0) -> li
     for p, start in enumerate(range(0, len(items), size * pool)):
         chunk = items[start: start + size * pool]
         if pool > 1:
-            groups = length_groups([length(x) for x in chunk], size, random.Random(seed * 7919 + p))
+            groups = length_groups([length(x) for x in chunk], size, python_rng(seed, "bench pools", p))
         else:
             groups = [list(range(k, min(k + size, len(chunk)))) for k in range(0, len(chunk), size)]
         out.extend([chunk[i] for i in g] for g in groups)

@@ -41,6 +41,7 @@ from model.config import FastRCNNConfig, required
 from model.fast_rcnn import FastRCNN, size_classifier
 from shards.coco import read_instances, read_vocabularies
 from shards.images import ImageConfig, collate_visual, load_image
+from shards.seeding import torch_generator
 from shards.skips import SkipLog
 from train.engine import (
     EngineConfig,
@@ -201,7 +202,7 @@ def fit_size_classifier(head: nn.Module, boxes: torch.Tensor, sizes: torch.Tenso
     training accuracy. Seeded re-initialisation, so the fit depends on the boxes only."""
     if not len(sizes):
         raise ValueError("fit_size_classifier: no sized box in the annotations")
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch_generator(seed, "size classifier")
     for layer in head:  # head[0] is the first Linear (model.fast_rcnn.size_classifier)
         if isinstance(layer, nn.Linear):
             bound = 1 / math.sqrt(layer.in_features)

@@ -23,6 +23,7 @@ import torch
 from model.boxes import box_iou
 from model.vl_bert import assemble_text, real_positions
 from shards.images import grey_of, grey_resampling_rings
+from shards.seeding import torch_generator
 
 IGNORE = -100
 
@@ -87,7 +88,7 @@ class PretrainMasker:
             self.region_word[torch.tensor(sorted(set(region_word_ids)))] = True
 
     def generator(self, index: int) -> torch.Generator:
-        return torch.Generator().manual_seed((self.seed * 1_000_003 + self.rank) * 1_000_033 + index)
+        return torch_generator(self.seed, "masking", self.rank, index)
 
     # -- words --------------------------------------------------------------------------------------
 

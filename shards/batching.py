@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Iterator
 
+from .seeding import python_rng
 from .source import _Source, source_position
 
 
@@ -64,7 +65,7 @@ class _Batches:
                 return
             self._after = self.source.state
             if self.pool > 1:
-                rng = random.Random((self.seed * 1_000_003 + self.source.role) * 7919 + self.pool_index)
+                rng = python_rng(self.seed, "length pool", self.source.role, self.pool_index)
                 groups = length_groups([self.length(s) for s in samples], self.size, rng)
             else:
                 groups = [list(range(len(samples)))]

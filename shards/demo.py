@@ -28,7 +28,6 @@ import argparse
 import csv
 import json
 import math
-import random
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from tqdm import tqdm
 from . import demo_tasks
 from . import shapes_world as sw
 from .caption_inputs import iter_tsv, load_box_file
+from .seeding import numpy_rng, python_rng
 from .skips import SkipLog
 from .tokenizer import load_tokenizer
 from .write_captions import write_caption_shards
@@ -61,8 +61,8 @@ def write_raw(out: Path, n_images: int, n_val: int, seed: int, n_books: int, n_a
     (raw / "images").mkdir(parents=True, exist_ok=True)
     (raw / "books").mkdir(exist_ok=True)
     (raw / "wiki").mkdir(exist_ok=True)
-    rng = random.Random(seed)
-    nprng = np.random.default_rng(seed)
+    rng = python_rng(seed, "demo world", 0)
+    nprng = numpy_rng(seed, "demo world", 1)
     (raw / "class_names.json").write_text(json.dumps(sw.CLASS_NAMES))
     with open(raw / "captions_train.tsv", "w") as train, open(raw / "captions_val.tsv", "w") as val, \
             open(raw / "boxes.jsonl", "w") as boxes, open(raw / "scenes.jsonl", "w") as scenes:
@@ -131,7 +131,7 @@ def write_flickr30k_entities(raw: Path, seed: int, sentences_per_image: int = 5)
                 tag = "0/notvisual" if target is None else f"{group if target == 'all' else chain[target]}/other"
                 return f"[/EN#{tag} {text}]"
 
-            rng = random.Random(seed * 1_000_003 + index)
+            rng = python_rng(seed, "demo entities", index)
             # tokenised as the distributed captions are: punctuation stands apart
             sentences = [sw.caption(world, rng, mark)[0].replace("],", "] ,") for _ in range(sentences_per_image)]
             (out / "Sentences" / f"{image_id}.txt").write_text("\n".join(sentences) + "\n")
@@ -173,7 +173,7 @@ def write_vqg(raw: Path, seed: int, n_train: int = 1600, n_val: int = 200) -> Pa
             world = sw.Scene(scene["width"], scene["height"], (0, 0, 0), [
                 sw.ShapeObject(o["category"], o["colour"], o["size"], tuple(o["box"]), o["covered"])
                 for o in scene["objects"]])
-            rng = random.Random(seed * 7_000_003 + index)
+            rng = python_rng(seed, "demo questions", index)
             qs = sw.questions(world, rng, 5)
             splits[split].append([index, scene["image"], "---".join(qs), "---".join("3" for _ in qs)])
             coco = captions["train" if split == "train" else "val"]

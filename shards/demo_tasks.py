@@ -25,6 +25,7 @@ import random
 from pathlib import Path
 
 from . import shapes_world as sw
+from .seeding import python_rng
 
 RELATIONS = ["left of", "right of", "above", "below"]
 
@@ -109,7 +110,7 @@ def write_vqa(raw: Path, seed: int, per_image: int = 5) -> Path:
     data = {"train2014": ([], []), "val2014": ([], [])}
     for index, _image, world, is_val in _scenes(raw):
         split = "val2014" if is_val else "train2014"
-        rng = random.Random(seed * 5_000_011 + index)
+        rng = python_rng(seed, "demo vqa", index)
         questions, annotations = data[split]
         for k, (question, answer, answer_type, question_type) in enumerate(vqa_questions(world, rng, per_image)):
             qid = index * 10 + k
@@ -168,7 +169,7 @@ def write_vcr(raw: Path, seed: int) -> Path:
     files = {s: open(out / f"{s}.jsonl", "w") for s in ("train", "val", "test")}
     try:
         for index, image, world, is_val in _scenes(raw):
-            rng = random.Random(seed * 3_000_017 + index)
+            rng = python_rng(seed, "demo vcr", index)
             split = ("val" if index % 2 == 0 else "test") if is_val else "train"
             meta = f"vcr/metadata/{index:06d}.json"
             (raw / meta).write_text(json.dumps({
@@ -215,7 +216,7 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
             if n_train >= n_train_images:
                 continue
             n_train += 1
-        rng = random.Random(seed * 9_000_049 + index)
+        rng = python_rng(seed, "demo refcoco", index)
         images.append({"id": index, "file_name": Path(image).name, "width": world.width, "height": world.height})
         ann_ids = []
         for k, o in enumerate(world.objects):
@@ -310,7 +311,7 @@ def write_retrieval(raw: Path, seed: int, per_image: int = 5) -> Path:
     val = set(held_out[: len(held_out) // 2])
     captions = {obj["image"]: obj["caption"] for obj in map(json.loads, open(raw / "scenes.jsonl"))}
     for image_id, image, scene, is_val in scenes:
-        rng = random.Random(seed * 9_000_011 + image_id)
+        rng = python_rng(seed, "demo retrieval", image_id)
         texts = [captions[image]] + [sw.caption(scene, rng)[0] for _ in range(per_image - 1)]
         sentences = [{"tokens": text.replace(",", " ,").split(), "raw": text, "imgid": len(images),
                       "sentid": sentid + k} for k, text in enumerate(texts)]

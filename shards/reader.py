@@ -52,6 +52,7 @@ from .batching import _Batches
 from .caption_inputs import expand_paths
 from .collate import collate_captions, collate_text
 from .decode import CaptionDecoder, caption_length, decode_text, text_length
+from .seeding import torch_generator
 from .skips import SkipLog
 from .source import Residual, _Source, source_position
 from .stream_config import StreamConfig
@@ -172,17 +173,23 @@ class MixedStream(IterableDataset):
         cap_it = iter(captions) if captions else None
         txt_it = iter(texts) if texts else None
         k = state.get("k", -1) + 1
+
+        def skips():
+            return {n: s.source.skips.as_dict() for n, s in (("caption", captions), ("text", texts)) if s}
+
         while True:
             caps = next(cap_it, []) if cap_it else []
             txts = next(txt_it, []) if txt_it else []
             if (cap_it and not caps) or (txt_it and not txts):
-                return  # a finite stream (epochs set) ran out
+                # A finite stream (epochs set) ran out. Samples skipped after the last batch reach the
+                # loader's counts only through this record: it carries no batch.
+                yield {"end_of_pass": worker_role, "skips": skips()}
+                return
             batch = {"index": k * workers + worker_role,
                      "state": {"k": k, "worker_role": worker_role,
                                "caption": captions.state if captions else None,
                                "text": texts.state if texts else None},
-                     "skips": {n: s.source.skips.as_dict() for n, s in (("caption", captions), ("text", texts))
-                               if s}}
+                     "skips": skips()}
             if caps:
                 batch["caption"] = collate_captions(caps, cfg.size_divisibility)
             if txts:
@@ -269,12 +276,15 @@ class StreamLoader:
         self.dataset.prepare()
         # Its own generator: the DataLoader's base-seed draw must not consume the global RNG, whose
         # state (dropout) an exact resume restores.
-        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.dataset.rank)
+        generator = torch_generator(self.cfg.seed, "loader workers", self.dataset.rank)
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
                             persistent_workers=False, generator=generator,
                             worker_init_fn=ignore_stop_signals if workers > 0 else None)
         for batch in worker_batches(loader):
+            if "end_of_pass" in batch:
+                self.skips[batch["end_of_pass"]] = batch["skips"]
+                continue
             # Forever streams arrive strictly in order; a finite pass (epochs set) may not at its
             # end, where workers whose share ran out drop out of the rotation.
             if batch["index"] != self.next_index and self.cfg.epochs is None:

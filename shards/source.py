@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import webdataset as wds
 
+from .seeding import python_rng
 from .skips import SkipLog
 
 
@@ -186,7 +187,7 @@ class _Source:
 
     def _order(self, epoch: int) -> tuple[list[str], bool]:
         order = list(self.urls)
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        python_rng(self.seed, "shard order", epoch).shuffle(order)
         by_shard = len(order) >= self.parts
         return (order[self.role::self.parts] if by_shard else order), by_shard
 
@@ -240,7 +241,7 @@ class _Source:
         else:
             self._reset()
             # Seeded shuffle buffer, before decoding: restoring it on resume costs tar reads only.
-            self._rng = random.Random((self.seed * 1_000_003 + epoch) * 7919 + self.role)
+            self._rng = python_rng(self.seed, "shuffle buffer", epoch, self.role)
         buf, keys, rng = self._buf, self._keys, self._rng
         if not self._draining:
             for record in self._read(mine, by_shard, self._cursor):

@@ -44,6 +44,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from model.config import ConfigError, deep_merge
+from shards.seeding import seed_for
 
 from .optim import BlockedAdamW
 
@@ -216,10 +217,11 @@ def entry_point(main) -> int:
 
 
 def seed_rank(seed: int, rank: int) -> None:
-    """Every trainer's torch RNG: seed + rank. Ranks draw their own dropout masks (one seed for all would repeat
-    them on every rank); rank 0 keeps the configured seed, so a one-process run is what it always was. Weights
-    drawn before the engine starts differ by rank too: DeepSpeed broadcasts rank 0's when it starts."""
-    torch.manual_seed(seed + rank)
+    """Every trainer's torch RNG: the seeding tree's ("torch global", rank) leaf. Ranks draw their own dropout
+    masks (one seed for all would repeat them on every rank), and no run's rank shares another run's stream
+    (seed + rank did: seed 1 rank 0 was seed 0 rank 1). Weights drawn before the engine starts differ by rank
+    too: DeepSpeed broadcasts rank 0's when it starts."""
+    torch.manual_seed(seed_for(seed, "torch global", rank))
 
 
 def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, int]:

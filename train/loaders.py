@@ -8,6 +8,7 @@ import torch
 from tqdm import tqdm
 
 from shards.reader import ignore_stop_signals, worker_batches
+from shards.seeding import torch_generator
 
 
 def unchanged(batch: dict) -> dict:
@@ -49,7 +50,7 @@ class EpochLoader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def _order(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        g = torch_generator(self.seed, "epoch order", self.epoch)
         return torch.randperm(len(self.data), generator=g)[self.rank:: self.world].tolist()
 
     def __iter__(self):

@@ -1,6 +1,7 @@
 import itertools
 import json
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -129,6 +130,19 @@ def test_corrupt_samples_are_skipped_and_counted(corpus, caplog):
     assert "bad.tar:000101" in caplog.text and "trunc.tar" in caplog.text
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_skipped_after_the_last_batch_is_counted(tmp_path, workers):
+    # The pass ends on a bad record: no batch follows to carry its count (it was lost before the end record).
+    samples = caption_samples(0, 4)
+    samples[3]["jpg"] = b"garbage"
+    write_caption_shard(tmp_path / "end.tar", samples)
+    cfg = StreamConfig(caption_shards=str(tmp_path / "end.tar"), text_batch_size=0, caption_batch_size=1,
+                       num_workers=workers, epochs=1, shuffle_buffer=1, short_side=0)
+    loader = StreamLoader(cfg)
+    assert sorted(keys_of(loader, "caption")) == ["000000", "000001", "000002"]
+    assert loader.skip_summary()["caption"] == {"undecodable sample": 1}
+
+
 def test_mostly_bad_shards_stop_with_a_clear_error(tmp_path):
     samples = caption_samples(0, 30)
     for s in samples[:20]:
@@ -215,7 +229,11 @@ def test_length_buckets_keep_every_sample_once_and_cut_padding(corpus):
     bucketed = cfg_for(corpus, epochs=1, length_buckets=4)
     for source in ("text", "caption"):
         assert sorted(keys_of(StreamLoader(bucketed), source)) == sorted(keys_of(StreamLoader(plain), source))
-    assert text_padding(StreamLoader(bucketed)) < 0.5 * text_padding(StreamLoader(plain))
+    # Padding depends on the shuffle's draw (30 texts: per seed the ratio spans ~0.35-0.7), so over six seeds.
+    pairs = [(text_padding(StreamLoader(replace(bucketed, seed=s))), text_padding(StreamLoader(replace(plain, seed=s))))
+             for s in range(6)]
+    assert all(b < 0.75 * p for b, p in pairs)
+    assert sum(b for b, _ in pairs) < 0.6 * sum(p for _, p in pairs)
 
 
 @pytest.mark.parametrize("workers,stop", [(0, 3), (2, 5)])

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shards.seeding import seed_for
 from tests.toy_engine import one_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,14 +73,15 @@ def toy(tmp_path: Path, *args: str) -> dict:
 
 def test_run_trains_the_task_and_hands_it_the_engine(tmp_path):
     seen = toy(tmp_path, f"engine.run_dir={tmp_path / 'run'}", "engine.steps=3", "seed=7")
-    assert (seen["seed"], seen["rank"], seen["world"], seen["steps"], seen["trained"]) == (7, 0, 1, 3, 3)
+    expected = (seed_for(7, "torch global", 0), 0, 1, 3, 3)  # the rank's leaf of the seeding tree
+    assert (seen["seed"], seen["rank"], seen["world"], seen["steps"], seen["trained"]) == expected
     assert "loss/total" in seen["last"]
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
 
 
 def test_a_task_with_nothing_to_train_goes_straight_to_finish(tmp_path):
     seen = toy(tmp_path, "--eval-only", f"engine.run_dir={tmp_path / 'run'}")
-    assert seen["trained"] is None and seen["last"] == [] and seen["seed"] == 5
+    assert seen["trained"] is None and seen["last"] == [] and seen["seed"] == seed_for(5, "torch global", 0)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
