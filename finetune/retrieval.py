@@ -46,6 +46,7 @@ from .common import (
     finetune_main,
     pad_lists,
     read_box_files,
+    with_positions,
 )
 
 RECALL_AT = (1, 5, 10)
@@ -135,6 +136,16 @@ def hardest_others(every: torch.Tensor, image: torch.Tensor, k: int):
     return every.topk(k, dim=1), every.topk(k, dim=0)
 
 
+def host_count(batch: dict, captions: torch.Tensor, images: torch.Tensor) -> int | None:
+    """`with_positions`' count of the pairs (captions[p], images[p]) where the hard negatives were picked on the
+    host (CPU): counting there costs no sync, and the trained pairs skip their padding; on an accelerator it
+    would cost one, so they run padded (None). Only where the loader counts positions (`real_positions`)."""
+    if captions.device.type != "cpu" or "real_positions" not in batch:
+        return None
+    pairs = {"a_mask": batch["a_mask"][captions], "box_mask": batch["box_mask"][images]}
+    return with_positions(pairs)["real_positions"]
+
+
 class RetrievalModel(nn.Module):
     def __init__(self, vl_bert, dropout: float, hard_negatives: int = 1):
         super().__init__()
@@ -179,7 +190,7 @@ class RetrievalModel(nn.Module):
             hard_images, hard_captions = hardest_others(every, image, k)
         captions = torch.cat([rows, rows.repeat_interleave(k), hard_captions.indices.T.reshape(-1)])
         images = torch.cat([rows, hard_images.indices.reshape(-1), rows.repeat_interleave(k)])
-        scores = self.pair_scores(batch, visual, captions, images).float()
+        scores = self.pair_scores(batch, visual, captions, images, host_count(batch, captions, images)).float()
         positive = scores[:b, None]
         # a batch with fewer than k other images leaves -inf picks: they stay out of the softmax
         other_images = scores[b: b + b * k].view(b, k).masked_fill(hard_images.values.isinf(), float("-inf"))
