@@ -2,8 +2,9 @@
 loop (same module, same batches, AdamW + clipping), in one process, in the same run.
 
 "Ours" is the `Engine`'s own loop (`Engine.train`: DeepSpeed's forward, backward and step, the non-finite
-flags, the metric sums, the per-step stop vote, a log line per window), checkpoints switched off, at ZeRO 2 (the
-configs' default) and at ZeRO 0, with the engine's CPU optimizer (`train.optim.BlockedAdamW`). Data loading is
+flags, the metric sums, the per-step stop vote, a log line per window), checkpoints switched off, configured at
+ZeRO 2 (the configs' default; on one rank it runs as stage 0, `train.engine.run_stage`), with the engine's CPU
+optimizer (`train.optim.BlockedAdamW`). Data loading is
 excluded (the same pre-made batches feed both), so the ratio isolates the step. Both run under the engine's
 allocator setting (`train.engine.keep_freed_memory`, process-wide: set before either is timed).
 Utilisation = counted model FLOPs per second (model/flops.py, by part) over a large fp32 GEMM
@@ -57,8 +58,7 @@ SHAPES = {
 }
 
 
-COLUMNS = ["shape", "samples/step", "ours (ZeRO-2) samples/s", "plain loop samples/s", "ours / plain",
-           "ours at ZeRO-0 / plain",
+COLUMNS = ["shape", "samples/step", "ours (ZeRO-2 configured) samples/s", "plain loop samples/s", "ours / plain",
            "GFLOP/step (transformer / CNN)", "util.", "CNN share of step", "util. CNN / transformer"]
 HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS)
 
@@ -179,11 +179,7 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
         return one
 
     tmp = tempfile.mkdtemp(prefix="bench_pretrain_step_")
-    engines = {stage: engine_loop(model_cfg, initial, batches, stage, f"{tmp}/zero{stage}", steps, samples)
-               for stage in (2, 0)}
-
-    def ours(stage: int):
-        return lambda: engine_window(engines[stage], steps)
+    engine = engine_loop(model_cfg, initial, batches, 2, f"{tmp}/zero2", steps, samples)
 
     def timed(make):
         step = make()
@@ -205,10 +201,9 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
             detector.zero_grad(set_to_none=True)
         return one
 
-    results = {"ours": [], "ours_zero0": [], "plain": [], "cnn": []}
+    results = {"ours": [], "plain": [], "cnn": []}
     for _ in range(repeats):  # interleaved
-        results["ours"].append(ours(2)())
-        results["ours_zero0"].append(ours(0)())
+        results["ours"].append(engine_window(engine, steps))
         results["plain"].append(timed(plain))
         results["cnn"].append(timed(cnn_only))
     shutil.rmtree(tmp, ignore_errors=True)
@@ -216,10 +211,9 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     total = flops["transformer"] + flops["cnn"]
     t_ours, t_cnn = statistics.median(results["ours"]), statistics.median(results["cnn"])
     t_rest = statistics.median(results["plain"]) - t_cnn  # transformer, heads, losses, optimizer
-    return {"shape": name, "samples_per_step": samples, "seconds_per_step": results,
+    return {"shape": name, "samples_per_step": samples, "stage_run": engine.cfg.zero_stage, "seconds_per_step": results,
             "samples_per_s": {k: [samples / s for s in v] for k, v in results.items() if k != "cnn"},
             "ratio": [p / o for o, p in zip(results["ours"], results["plain"])],
-            "ratio_zero0": [p / o for o, p in zip(results["ours_zero0"], results["plain"])],
             "flops_per_step": flops, "matmul_peak_flops": peak,
             "cnn_share_of_plain_step": t_cnn / statistics.median(results["plain"]),
             "utilisation": {"total": total / t_ours / peak, "transformer_share_of_flops": flops["transformer"] / total,
@@ -293,8 +287,6 @@ def main(argv=None):
             rows.append(f"| {r['shape']} | {r['samples_per_step']} | {median_range(sps['ours'])} | "
                         f"{median_range(sps['plain'])} | {statistics.median(r['ratio']):.2f} "
                         f"({min(r['ratio']):.2f}-{max(r['ratio']):.2f}) | "
-                        f"{statistics.median(r['ratio_zero0']):.2f} "
-                        f"({min(r['ratio_zero0']):.2f}-{max(r['ratio_zero0']):.2f}) | "
                         f"{r['flops_per_step']['transformer'] / 1e9:.1f} / {r['flops_per_step']['cnn'] / 1e9:.1f} | "
                         f"{100 * r['utilisation']['total']:.1f}% | {100 * r['cnn_share_of_plain_step']:.0f}% | "
                         f"{100 * r['utilisation']['cnn']:.1f}% / {100 * r['utilisation']['transformer']:.1f}% |")
@@ -303,8 +295,8 @@ def main(argv=None):
 
 `python -m bench.pretrain_step --write`: one process; ours is the `Engine`'s loop (DeepSpeed's forward,
 backward and step, the non-finite flags, metric sums, the per-step stop vote and a log line; no checkpoint)
-at ZeRO-2 and, in its own column, at ZeRO-0 (at one rank the engine then skips DeepSpeed's gradient
-all-reduce and clips in its FiniteGuard), with its CPU optimizer (torch's AdamW arithmetic over cache-sized
+configured at ZeRO-2, which on one rank runs as stage 0 (`train.engine.run_stage`: the engine skips DeepSpeed's
+gradient all-reduce and clips in its FiniteGuard), with its CPU optimizer (torch's AdamW arithmetic over cache-sized
 blocks, `train.optim.BlockedAdamW`); the plain loop: torch's AdamW and `clip_grad_norm_`. Both under the
 engine's allocator setting (`keep_freed_memory`: freed memory kept for reuse); fp32, the same module and the
 same pre-made batches (data loading excluded) for all; {args.steps} timed steps after a warm-up step,

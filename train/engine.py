@@ -10,9 +10,11 @@ every rank has finished, `COMPLETE`. Resume takes the newest directory with `COM
 checkpoint half-written when the job died is never taken. SIGTERM/SIGINT stop the run gracefully
 after the current step, with a checkpoint.
 
-Resume on another number of ranks (elastic): the checkpoint is converted once to DeepSpeed's universal form
-(`<checkpoint>/universal/`, by rank 0, under ZeRO 1-3), and the reader's position is re-dealt over the new
-ranks, so no sample of the epoch is seen twice or skipped (`Engine._resume_elastic`).
+Resume on another number of ranks (elastic) or at another ZeRO stage: the checkpoint is converted once to
+DeepSpeed's universal form (`<checkpoint>/universal/`, by rank 0; stage 0 checkpoints load as they are on any
+number of ranks), and the reader's position is re-dealt over the new ranks, so no sample of the epoch is seen
+twice or skipped (`Engine.resume`). ZeRO 1 and 2 on one rank run as stage 0 (`run_stage`), so a run that goes
+from one rank to several, or back, changes stage too.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 import traceback
 import types
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -325,6 +327,23 @@ def bucket_elements(num_params: int) -> int:
 FP32_WEIGHTS = ("fp32", "bf16_autocast")
 
 
+def run_stage(cfg: EngineConfig, world: int) -> int:
+    """The ZeRO stage a run executes: ZeRO 1 and 2 on one rank with fp32 weights run as stage 0. One rank has
+    nothing to partition, and the ZeRO optimizer still copies every gradient into its flat buffers and clips
+    through them: at the base shape one CPU rank ran at 0.84-0.87x a plain PyTorch loop under ZeRO 2 and
+    0.95-1.04x under ZeRO 0 (docs/BENCHMARKS.md). Kept as configured: stage 3 and any optimizer or parameter
+    offload (ZeRO-Offload on one GPU is what they are for), and DeepSpeed's bf16/fp16 optimizers. Checkpoints
+    record the stage they were written at; a resume at another stage converts through the universal form."""
+    if world != 1 or cfg.zero_stage not in (1, 2) or cfg.precision not in FP32_WEIGHTS:
+        return cfg.zero_stage
+    if cfg.deepspeed_config:
+        zero = json.loads(Path(cfg.deepspeed_config).read_text()).get("zero_optimization", {})
+        if any(str((zero.get(key) or {}).get("device", "none")) != "none"
+               for key in ("offload_optimizer", "offload_param")):
+            return cfg.zero_stage
+    return 0
+
+
 def guarded(cfg: EngineConfig) -> bool:
     """Whether the engine's own FiniteGuard skips and clips (ZeRO 0 with fp32 weights), not DeepSpeed's optimizer."""
     return cfg.zero_stage == 0 and cfg.precision in FP32_WEIGHTS
@@ -437,6 +456,83 @@ def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
     return sorted(p for p in ckpt_dir.glob("step_*") if (p / "COMPLETE").exists())
 
 
+STAGE0_MODEL_FILE = "mp_rank_00_model_states.pt"  # DeepSpeed's model file; at stage 0 it holds the optimizer too
+
+
+def write_universal(path: Path, out: Path, module: torch.nn.Module, optim: OptimConfig) -> None:
+    """DeepSpeed's universal checkpoint layout from a stage-0 checkpoint (ds_to_universal reads only ZeRO 1-3
+    partitions): out/zero/<parameter>/{fp32,<state>}.pt as `{"param": tensor}`, step.pt as saved,
+    out/zero/optimizer_state.pt with what the stage 1-2 and stage 3 loaders read, and the model file without
+    its optimizer. torch's optimizer state numbers parameters in param-group order: the groups are rebuilt
+    from `module` and the same optimizer config, and every state's shape is checked against its parameter."""
+    # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
+    import deepspeed
+
+    model = torch.load(path / STAGE0_MODEL_FILE, map_location="cpu", weights_only=True)
+    saved = model.pop("optimizer")
+    if saved is None:
+        raise ValueError(f"{path / STAGE0_MODEL_FILE} holds no optimizer state: not a stage-0 checkpoint")
+    names = {id(p): name for name, p in module.named_parameters()}
+    order = [names[id(p)] for group in param_groups(module, optim.weight_decay, optim.lr, optim.lr_multipliers)
+             for p in group["params"]]
+    indices = [i for group in saved["param_groups"] for i in group["params"]]
+    if len(indices) != len(order):
+        raise ValueError(f"{path}: its optimizer holds {len(indices)} parameters, this model trains {len(order)}")
+    zero = out / "zero"
+    # a parameter that never had a gradient has no torch state; in ZeRO's flat groups it has zero moments and the
+    # group's step count, and DeepSpeed's loader wants a step for every parameter
+    some = next(iter(saved["state"].values()), {})
+    for index, name in zip(indices, order):
+        weight = model["module"][name]
+        (zero / name).mkdir(parents=True, exist_ok=True)
+        torch.save({"param": weight.float()}, zero / name / "fp32.pt")
+        state = saved["state"].get(index) or {k: v if k == "step" else torch.zeros_like(weight, dtype=v.dtype)
+                                              for k, v in some.items() if v is not None}
+        for key, value in state.items():
+            if value is None:
+                continue
+            if key == "step":
+                torch.save(value, zero / name / "step.pt")
+                continue
+            if value.shape != weight.shape:
+                raise ValueError(f"{path}: optimizer state '{key}' of parameter {index} has shape "
+                                 f"{tuple(value.shape)}, {name} has {tuple(weight.shape)}: another model or grouping")
+            torch.save({"param": value}, zero / name / f"{key}.pt")
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in saved["param_groups"]]
+    torch.save({"ds_version": deepspeed.__version__, "clip_grad": optim.grad_clip, "param_groups": groups,
+                "optimizer_state_dict": {"state": {0: {"step": some.get("step", 0)}}, "param_groups": groups}},
+               zero / "optimizer_state.pt")
+    torch.save({**model, "optimizer": None}, out / STAGE0_MODEL_FILE)
+
+
+def load_universal_whole(folder: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A universal checkpoint's fp32 masters and optimizer states into a stage-0 module and torch optimizer
+    (DeepSpeed's universal loader is its ZeRO optimizers'), and the param groups' saved hyperparameters."""
+    # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    names = {id(p): name for name, p in module.named_parameters()}
+    zero = folder / "zero"
+    # ds_to_universal's global state pickles DeepSpeed's stage enum and loss scaler beside the param groups
+    with torch.serialization.safe_globals([ZeroStageEnum, LossScaler, DynamicLossScaler]):
+        saved = torch.load(zero / "optimizer_state.pt", map_location="cpu", weights_only=True)
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+        for p in group["params"]:
+            files = {f.stem: f for f in (zero / names[id(p)]).glob("*.pt")}
+            if "fp32" not in files:
+                raise FileNotFoundError(f"{zero / names[id(p)]}: no fp32.pt for a trained parameter")
+            for key, file in files.items():
+                value = torch.load(file, map_location="cpu", weights_only=True)
+                if key == "fp32":
+                    p.data.copy_(value["param"].view_as(p))
+                elif key == "step":
+                    optimizer.state[p]["step"] = value if torch.is_tensor(value) else torch.tensor(float(value))
+                else:
+                    optimizer.state[p][key] = value["param"].view_as(p).to(p.dtype).clone()
+        group.update({k: v for k, v in saved_group.items() if k != "params"})
+
+
 class Engine:
     def __init__(self, module: torch.nn.Module, loader, cfg: EngineConfig, optim: OptimConfig, *,
                  micro_batch_size: int, count_batch=None, draw_batch=None, run_info: dict | None = None,
@@ -450,6 +546,12 @@ class Engine:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.configured_stage = cfg.zero_stage  # what a checkpoint marker without a stage was written at
+        if (stage := run_stage(cfg, self.world)) != cfg.zero_stage:
+            cfg = self.cfg = replace(cfg, zero_stage=stage)
+            if self.rank == 0:
+                print(f"engine.zero_stage {self.configured_stage} on one rank runs as stage 0 (nothing to "
+                      "partition; see train.engine.run_stage)", flush=True)
         if not torch.cuda.is_available() and cfg.keep_freed_memory:
             keep_freed_memory()  # before DeepSpeed allocates its buffers
         optimizer, factor = build_optimizer(module, optim, cfg.steps)
@@ -523,7 +625,7 @@ class Engine:
         self._barrier()
         if self.rank == 0:
             (path / "COMPLETE").write_text(json.dumps({"step": self.step, "world_size": self.world,
-                                                       "run_id": self.run_id}))
+                                                       "zero_stage": self.cfg.zero_stage, "run_id": self.run_id}))
             for old in complete_checkpoints(self.ckpt_dir)[: -self.cfg.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
         self._barrier()
@@ -536,13 +638,24 @@ class Engine:
         path = found[-1]
         marker = json.loads((path / "COMPLETE").read_text())
         old_world = marker["world_size"]
+        if old_world != self.world and not hasattr(self.loader, "load_elastic"):
+            raise ValueError(f"{path} was written by {old_world} ranks, this run has {self.world}: this trainer's "
+                             "data loader resumes only on the same number of ranks")
+        # markers before the stage was recorded were written at the configured stage
+        client = self._load_states(path, old_world, marker.get("zero_stage", self.configured_stage))
         if old_world == self.world:
-            _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)
             own = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=True)
             self.loader.load_state_dict(own["loader"])
             self._pending_rng = own["rng"]  # set once the loader's iterator exists (creating it draws a seed)
         else:
-            client = self._resume_elastic(path, old_world)
+            # the reader re-deals what the old ranks had not delivered (`StreamLoader.load_elastic`). Not exact:
+            # the batches differ from the old world's, and a rank without an old rank of its number keeps the
+            # random state its seed gave it
+            states = [torch.load(path / f"rank_{r}.pt", map_location="cpu", weights_only=True)
+                      for r in range(old_world)]
+            self.loader.load_elastic([s["loader"] for s in states])
+            if self.rank < old_world:
+                self._pending_rng = states[self.rank]["rng"]
         self.step = client["step"]
         self.run_id = marker.get("run_id") or self.run_id  # markers before run ids had none
         if _is_rank0():
@@ -550,41 +663,44 @@ class Engine:
             print(f"resumed from {path} at step {self.step}{how}", flush=True)
         return True
 
-    def _resume_elastic(self, path: Path, old_world: int) -> dict:
-        """A checkpoint of another world size. ZeRO's partitioned optimizer state goes through DeepSpeed's
-        universal checkpoint (converted once, by rank 0, into <checkpoint>/universal/); stage 0 keeps whole
-        states and loads as it is. The reader re-deals what the old ranks had not delivered
-        (`StreamLoader.load_elastic`). Not exact: the batches differ from the old world's, and a rank without
-        an old rank of its number keeps the random state its seed gave it."""
-        if not hasattr(self.loader, "load_elastic"):
-            raise ValueError(f"{path} was written by {old_world} ranks, this run has {self.world}: this trainer's "
-                             "data loader resumes only on the same number of ranks")
-        states = [torch.load(path / f"rank_{r}.pt", map_location="cpu", weights_only=True) for r in range(old_world)]
-        if self.cfg.zero_stage == 0:
-            _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)
-        else:
-            universal = path / "universal"
-            if self.rank == 0 and not (universal / "COMPLETE").exists():
+    def _load_states(self, path: Path, old_world: int, old_stage: int) -> dict:
+        """Model, optimizer and scheduler from a checkpoint; its client state. DeepSpeed loads its own files where
+        the layout is the same: the same stage on the same world, or stage 0 (whole states) on any. Otherwise
+        through the universal form, converted once by rank 0 into <checkpoint>/universal/: DeepSpeed's
+        ds_to_universal from ZeRO 1-3, `write_universal` from stage 0; ZeRO 1-3 then load it with DeepSpeed's
+        universal loader and stage 0 with `load_universal_whole`."""
+        stage = self.cfg.zero_stage
+        if old_stage == stage and (old_world == self.world or stage == 0):
+            return self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name)[1]
+        universal = path / "universal"
+        if self.rank == 0 and not (universal / "COMPLETE").exists():
+            shutil.rmtree(universal, ignore_errors=True)  # a conversion killed half-way
+            print(f"converting {path} (ZeRO {old_stage}, {old_world} ranks) to a universal checkpoint for ZeRO "
+                  f"{stage} on {self.world}", flush=True)
+            if old_stage == 0:
+                write_universal(path, universal / path.name, self.engine.module, self.optim_cfg)
+            else:
                 self._convert_to_universal(path, universal)
-            self._barrier()
-            # DeepSpeed reads this flag at load time only; a run resuming on its own world size never sets it
-            self.engine._config.load_universal_checkpoint = True
-            try:
-                _, client = self.engine.load_checkpoint(str(universal), tag=path.name)
-            finally:
-                self.engine._config.load_universal_checkpoint = False
-        self.loader.load_elastic([s["loader"] for s in states])
-        if self.rank < old_world:
-            self._pending_rng = states[self.rank]["rng"]
+            (universal / "COMPLETE").write_text("")
+        self._barrier()
+        if stage == 0:
+            # the module, scheduler and client state from the checkpoint's own model file (ZeRO 1 and 2 keep
+            # the whole module there), the fp32 masters and moments from the universal files
+            _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=path.name, load_optimizer_states=False)
+            load_universal_whole(universal / path.name, self.engine.module, self.optimizer)
+            return client
+        # DeepSpeed reads this flag at load time only; a run resuming on its own layout never sets it
+        self.engine._config.load_universal_checkpoint = True
+        try:
+            _, client = self.engine.load_checkpoint(str(universal), tag=path.name)
+        finally:
+            self.engine._config.load_universal_checkpoint = False
         return client
 
     @staticmethod
     def _convert_to_universal(path: Path, universal: Path) -> None:
         """DeepSpeed's ds_to_universal on one checkpoint (our client state has no Megatron-style
         universal_checkpoint_info: --inject_missing_state supplies it)."""
-
-        shutil.rmtree(universal, ignore_errors=True)  # a conversion killed half-way
-        print(f"converting {path} to a universal checkpoint for a new world size", flush=True)
         cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
                "--output_folder", str(universal / path.name), "--inject_missing_state",
                "--num_extract_workers", "1", "--num_merge_workers", "1"]
@@ -592,7 +708,6 @@ class Engine:
         if done.returncode != 0:
             raise RuntimeError(f"converting {path} to a universal checkpoint failed:\n{done.stdout[-2000:]}"
                                f"{done.stderr[-2000:]}")
-        (universal / "COMPLETE").write_text("")
 
     def _barrier(self) -> None:
         if dist.is_initialized():
@@ -848,6 +963,9 @@ class Engine:
         if marker.get("run_id") != self.run_id or marker["step"] != self.step:
             raise RuntimeError(f"{latest} is run {marker.get('run_id')} at step {marker['step']}, not this run "
                                f"({self.run_id}, step {self.step}): refusing to export another run's weights")
+        if marker.get("zero_stage") == 0:  # a one-rank run's, resumed here at its last step: whole fp32 weights
+            module = torch.load(latest / STAGE0_MODEL_FILE, map_location="cpu", weights_only=True)["module"]
+            return {k: v.detach().float() for k, v in module.items()}
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         state = get_fp32_state_dict_from_zero_checkpoint(str(self.ckpt_dir), tag=latest.name)
         if self.cfg.zero_stage == 1:

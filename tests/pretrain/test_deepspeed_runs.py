@@ -150,12 +150,14 @@ def test_exact_resume_after_sigkill(tmp_path, demo_corpus):
             assert abs(got[step][key] - expected[step][key]) < 1e-5, (step, key, got[step][key], expected[step][key])
 
 
-@pytest.mark.parametrize("stage,old,new", [(1, 2, 1), (2, 2, 1), (3, 1, 2)])
+@pytest.mark.parametrize("stage,old,new", [(1, 2, 1), (2, 2, 1), (2, 1, 2), (3, 1, 2)])
 def test_resume_on_another_number_of_ranks(tmp_path, demo_corpus, stage, old, new):
-    """Elastic resume: ZeRO state through DeepSpeed's universal checkpoint, the reader re-dealt. Resumed on the
-    new world at its last step, the run exports the very weights the old world exported; trained on, it goes on
-    from that step and no sample is trained on twice (tests/shards/test_reader.py counts every record of two
-    epochs across the change)."""
+    """Elastic resume: ZeRO state through DeepSpeed's universal checkpoint, the reader re-dealt. ZeRO 1 and 2 on
+    one rank run as stage 0, so (1, 2, 1) and (2, 2, 1) load ds_to_universal's files into a stage-0 run and
+    (2, 1, 2) loads a stage-0 checkpoint, written to the universal layout by the engine, with DeepSpeed's ZeRO-2
+    universal loader. Resumed on the new world at its last step, the run exports the very weights the old world
+    exported; trained on, it goes on from that step and no sample is trained on twice (tests/shards/test_reader.py
+    counts every record of two epochs across the change)."""
     from safetensors.torch import load_file
 
     run = tmp_path / "elastic"
@@ -173,7 +175,9 @@ def test_resume_on_another_number_of_ranks(tmp_path, demo_corpus, stage, old, ne
     again = load_file(str(run / "export" / "model.safetensors"))
     assert exported.keys() == again.keys() and all(torch.equal(exported[k], again[k]) for k in exported)
 
-    if stage != 2:
+    written = json.loads((run / "checkpoints" / "step_0000006" / "COMPLETE").read_text())["zero_stage"]
+    assert written == (0 if old == 1 and stage < 3 else stage)
+    if (stage, old) != (2, 2):
         return  # the reader's part is the same at every stage: trained on once
     longer = tiny_config(tmp_path, demo_corpus, "elastic", zero_stage=stage, steps=8, record_keys=True, export=False)
     launch(longer, "--resume", gpus=new)

@@ -3,8 +3,9 @@
 The independent reference is a plain PyTorch AMP loop written here (torch.autocast around the forward, fp32
 backward, clip_grad_norm_, torch's AdamW, LambdaLR with the engine's schedule) from the same initial weights on
 the same batches: at ZeRO 0 the engine's weights must equal it, and must differ from the same loop without
-autocast (so the forward did run in bf16). At ZeRO 2 DeepSpeed's own optimizer wrapper clips and may reduce linear
-weights' gradients in bf16 across ranks, so only closeness is asserted (at one rank it measured equal, 1.5e-8)."""
+autocast (so the forward did run in bf16). ZeRO 2 on one rank runs as stage 0 (`train.engine.run_stage`); on
+several, DeepSpeed's own optimizer wrapper clips and may reduce linear weights' gradients in bf16 across ranks
+(at one rank, before it ran as stage 0, it measured equal to the AMP loop within 1.5e-8)."""
 
 import json
 import subprocess
@@ -69,7 +70,7 @@ def main():
     engine = Engine(module, Loader(), cfg, OPTIM, micro_batch_size=8)
     logged = engine.train()
     ours = engine.engine.module.state_dict()
-    out = {"logged_loss": logged.get("loss/total"),
+    out = {"logged_loss": logged.get("loss/total"), "stage": engine.cfg.zero_stage,
            "dtypes": sorted({str(v.dtype) for v in ours.values()})}
     for name, autocast in (("amp", True), ("fp32", False)):
         ref = reference(initial, autocast)
@@ -111,7 +112,7 @@ def test_zero0_equals_a_plain_amp_loop(tmp_path):
     assert r["logged_loss"] is not None
 
 
-def test_zero2_is_close_to_the_plain_amp_loop(tmp_path):
+def test_zero2_on_one_rank_runs_as_stage_0_and_equals_the_plain_amp_loop(tmp_path):
     r = run(tmp_path, 2)
-    assert r["dtypes"] == ["torch.float32"]
-    assert r["amp"] < 0.05 * r["amp_scale"]  # DeepSpeed's clipping and reduction: close
+    assert r["stage"] == 0 and r["dtypes"] == ["torch.float32"]
+    assert r["amp"] <= 1e-6 * max(1.0, r["amp_scale"])
