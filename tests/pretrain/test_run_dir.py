@@ -22,7 +22,9 @@ def main():
     run_dir, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     init_distributed(0)
     torch.manual_seed(0)
-    cfg = EngineConfig(run_dir=run_dir, steps=steps, zero_stage=1, precision="fp32", log_every=1,
+    # ZeRO 3: the export reads the newest checkpoint (ZeRO 1 and 2 on one rank run as stage 0, which exports the
+    # live module)
+    cfg = EngineConfig(run_dir=run_dir, steps=steps, zero_stage=3, precision="fp32", log_every=1,
                        checkpoint_every=2, progress=False, export=False)
     engine = Engine(Module(), Loader(), cfg, OptimConfig(lr=1e-2, warmup_steps=0), micro_batch_size=2)
     engine.train(resume=mode == "resume", overwrite=mode == "overwrite")
