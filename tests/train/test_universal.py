@@ -71,7 +71,7 @@ def test_stage0_states_go_through_the_universal_layout_and_come_back_exactly(tmp
                                                       "unused.bias", "unused.weight"]
     assert sorted(f.name for f in (zero / "a.weight").iterdir()) == ["exp_avg.pt", "exp_avg_sq.pt", "fp32.pt",
                                                                       "step.pt"]
-    assert torch.equal(torch.load(zero / "a.weight" / "fp32.pt")["param"], module.a.weight)
+    assert torch.equal(torch.load(zero / "a.weight" / "fp32.pt", weights_only=True)["param"], module.a.weight)
     copied = torch.load(tmp_path / "universal" / "step_3" / STAGE0_MODEL_FILE, weights_only=True)
     assert copied["optimizer"] is None and torch.equal(copied["module"]["frozen.weight"], module.frozen.weight)
 
