@@ -12,7 +12,6 @@ on them).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -22,7 +21,7 @@ from finetune.generate import DecodeConfig, generate
 from model.bert_gen import BertGen
 from model.config import model_config
 
-from .report import machine, median_range, update_section
+from .report import bench_parser, machine, median_range, update_section
 
 SIZES = {"base": [], "mini": ["hidden_size=384", "num_hidden_layers=6", "num_attention_heads=12",
                               "intermediate_size=1536"]}
@@ -51,12 +50,10 @@ def time_decode(gen, inputs, length: int, cached: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_parser(__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=[10, 20, 40])
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--size", choices=sorted(SIZES), default="base")  # "mini": the demo's size (MiniLM)
-    p.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
     args = p.parse_args(argv)
     gen, inputs = build(args.size, 36, 15, args.batch)
     time_decode(gen, inputs, 2, True)  # warm-up

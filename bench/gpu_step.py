@@ -45,7 +45,7 @@ from train.engine import param_groups, to_device
 
 from .fast_rcnn_step import TorchvisionC4
 from .pretrain_step import engine_loop, engine_window, step_flops
-from .report import machine
+from .report import bench_parser, machine
 from .scaling import paper_config
 
 
@@ -243,10 +243,9 @@ def summarise(r: dict, peak: float) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__, write=False)
     p.add_argument("--sizes", nargs="+", default=["base", "large"])
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--captions", type=int, default=8, help="captions per step, with as many text sequences")
     p.add_argument("--caption-tokens", type=int, default=13)
     p.add_argument("--text-tokens", type=int, default=64)

@@ -9,7 +9,6 @@ is samples/s, median of several passes, and the ratio of the two in the same run
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -29,7 +28,7 @@ from shards.reader import StreamConfig, StreamLoader
 from shards.skips import SkipLog
 from shards.tokenizer import load_tokenizer
 
-from .report import machine, median_range, update_section
+from .report import bench_parser, machine, median_range, update_section
 
 
 class FolderDataset(Dataset):
@@ -79,16 +78,14 @@ def time_loader(batches, n_samples: int) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--demo", default="data/demo", help="demo corpus folder (built if missing)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--samples", type=int, default=1600, help="samples timed per pass")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--short-side", type=int, default=600)
     p.add_argument("--long-side", type=int, default=1000)
     p.add_argument("--length-buckets", type=int, default=16, help="pool size of the grouped row (the demo's)")
-    p.add_argument("--write", action="store_true", help="rewrite the section in docs/BENCHMARKS.md")
     args = p.parse_args(argv)
     demo = Path(args.demo)
     if not (demo / "shards" / "captions-train" / "manifest.json").exists():

@@ -16,7 +16,6 @@ and regions to its longest. Padding fraction = padded positions / all positions.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import tarfile
@@ -29,7 +28,7 @@ from shards.batching import length_groups
 from shards.reader import StreamConfig, StreamLoader
 from shards.seeding import python_rng
 
-from .report import machine, update_section
+from .report import bench_parser, machine, update_section
 
 
 def caption_padding(batches: list[list[tuple[int, int]]]) -> tuple[int, int]:
@@ -108,10 +107,9 @@ def _with_specials(mask):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__, repeats=None)
     p.add_argument("--buckets", type=int, default=64, help="batches per length pool (data.length_buckets)")
     p.add_argument("--demo", default="data/demo")
-    p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     r = {"paper_scale": paper_scale(args.demo, args.buckets), "demo_reader": demo_reader(args.demo, 16)}
     print(json.dumps(r, indent=1))

@@ -42,7 +42,7 @@ from shards.reader import StreamConfig, StreamLoader
 from shards.tokenizer import load_tokenizer
 from train.engine import Engine, EngineConfig, OptimConfig, keep_freed_memory, linear_warmup_decay, param_groups
 
-from .report import machine, median_range, update_section
+from .report import bench_parser, machine, median_range, update_section
 
 SHAPES = {
     # the demo config: MiniLM-sized transformer, ResNet-18, small images, 4 + 4 samples
@@ -222,12 +222,10 @@ def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
 
 def shape_parser(doc: str) -> argparse.ArgumentParser:
     """The command line of the benches that run at `SHAPES` on the demo corpus' batches."""
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p = bench_parser(doc)
     p.add_argument("--shape", default="all", choices=["demo", "base", "all"])
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--demo", default="data/demo")
-    p.add_argument("--write", action="store_true")
     return p
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
@@ -11,6 +12,17 @@ from pathlib import Path
 import torch
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
+
+
+def bench_parser(doc: str, repeats: int | None = 3, write: bool = True) -> argparse.ArgumentParser:
+    """Every bench's command line: its docstring's first paragraph as the description, `--repeats` (timed
+    repeats, interleaved where a bench compares) and `--write` (rewrite its section of docs/BENCHMARKS.md)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    if repeats is not None:
+        p.add_argument("--repeats", type=int, default=repeats)
+    if write:
+        p.add_argument("--write", action="store_true", help="rewrite this bench's section of docs/BENCHMARKS.md")
+    return p
 
 
 def machine() -> str:

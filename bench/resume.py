@@ -8,13 +8,13 @@ to the position. Each figure is the median of several restores (and the tar reco
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import statistics
 import tarfile
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import webdataset as wds
@@ -22,7 +22,7 @@ from PIL import Image
 
 from shards.reader import StreamConfig, StreamLoader
 
-from .report import machine, median_range, update_section
+from .report import bench_parser, machine, median_range, update_section
 
 
 def write_corpus(root: Path, shards: int, per_shard: int) -> str:
@@ -45,26 +45,26 @@ def write_corpus(root: Path, shards: int, per_shard: int) -> str:
 
 
 def legacy(state: dict) -> dict:
+    """The loader state in the pre-O(1) form: each source position as (epoch, records pulled), which a loader
+    restores by replaying the epoch up to it."""
     state = json.loads(json.dumps(state))
     for role in state["role_states"].values():
-        if role.get("caption"):
-            src = role["caption"]["source"]
-            role["caption"]["source"] = [src["epoch"], src["pulled"]]
+        for name in ("caption", "text"):
+            if role.get(name):
+                src = role[name]["source"]
+                role[name]["source"] = [src["epoch"], src["pulled"]]
     return state
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shards", type=int, default=120)
-    p.add_argument("--per-shard", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--write", action="store_true", help="rewrite the section in docs/BENCHMARKS.md")
-    args = p.parse_args(argv)
+@contextmanager
+def counting_tar_reads():
+    """Within it, webdataset's tar stage counts the records it yields: `with counting_tar_reads() as reads:`,
+    then `reads[0]` (set it to 0 before the read measured)."""
     reads = [0]
     tar_samples = wds.tarfile_to_samples
 
-    def counting(*a, **kw):  # counts the tar records each restore reads
-        stage = tar_samples(*a, **kw)
+    def counting(*args, **kwargs):
+        stage = tar_samples(*args, **kwargs)
 
         def counted(src):
             for record in stage(src):
@@ -73,9 +73,20 @@ def main(argv=None) -> int:
         return counted
 
     wds.tarfile_to_samples = counting
+    try:
+        yield reads
+    finally:
+        wds.tarfile_to_samples = tar_samples
+
+
+def main(argv=None) -> int:
+    p = bench_parser(__doc__, repeats=5)
+    p.add_argument("--shards", type=int, default=120)
+    p.add_argument("--per-shard", type=int, default=40)
+    args = p.parse_args(argv)
     results: dict[tuple[str, int], list[float]] = {}
     records: dict[tuple[str, int], int] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, counting_tar_reads() as reads:
         cfg = StreamConfig(caption_shards=write_corpus(Path(tmp), args.shards, args.per_shard), text_batch_size=0,
                            caption_batch_size=8, short_side=0, num_workers=0, shuffle_buffer=256)
         epoch = args.shards * args.per_shard // cfg.caption_batch_size
@@ -95,7 +106,6 @@ def main(argv=None) -> int:
                     next(iter(resumed))
                     results.setdefault((form, stop), []).append(time.perf_counter() - t0)
                     records[form, stop] = reads[0]
-    wds.tarfile_to_samples = tar_samples
     stops = sorted({s for _, s in results})
     med = {k: statistics.median(v) for k, v in results.items()}
     lines = []

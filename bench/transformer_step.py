@@ -17,7 +17,6 @@ second of our step, over a large fp32 GEMM measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -29,7 +28,7 @@ from model.flops import measured_matmul_peak, transformer_flops
 from model.vl_bert import VLBertForPretraining, real_positions
 from pretrain.tasks import LossConfig, VLBertPretraining
 
-from .report import machine, median_range, update_section
+from .report import bench_parser, machine, median_range, update_section
 
 OURS = ("SDPA, MLM logits at masked positions only, layers on real positions only, one vocabulary lookup, "
         "integer-draw CPU dropout")
@@ -144,7 +143,7 @@ def run(batch: int, words: int, regions: int, layers: int, hidden: int, heads: i
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--words", type=int, default=30)
     p.add_argument("--regions", type=int, default=36)
@@ -152,8 +151,6 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     r = run(args.batch, args.words, args.regions, args.layers, args.hidden, args.heads, args.steps, args.repeats)
     print(json.dumps(r, indent=1))

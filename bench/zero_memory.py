@@ -32,7 +32,7 @@ from model.vl_bert import VLBertForPretraining
 from pretrain.tasks import LossConfig, VLBertPretraining
 from train.engine import EngineConfig, OptimConfig, deepspeed_config, param_groups
 
-from .report import machine, update_section
+from .report import bench_parser, machine, update_section
 from .transformer_step import make_inputs, ours_batch
 
 FORMULA = {1: lambda p, n: 4 * p + 12 * p / n, 2: lambda p, n: 2 * p + 14 * p / n, 3: lambda p, n: 16 * p / n}
@@ -103,10 +103,9 @@ def measure(stage: int, layers: int, hidden: int) -> list[dict]:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__, repeats=None)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--write", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stage", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)

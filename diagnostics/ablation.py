@@ -36,7 +36,6 @@ measurement inside pretraining (`engine.eval_every`), to TensorBoard.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from .conditions import LANGUAGE_FOR_VISION, VISION_FOR_LANGUAGE, Ablator, evalu
 from .config import DiagnosticConfig, command_config, command_line, model_specs
 from .data import PhraseData
 from .plots import ablation_figures
+from .report import write_report
 from .statistics import format_interval, paired_test, summarise
 
 
@@ -195,10 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         if "l4v_kl" in report["models"][name]:
             print(f"{name}: language-for-vision MRC-KL bits " + ", ".join(
                 f"{c} {format_interval(s)}" for c, s in report["models"][name]["l4v_kl"].items()), flush=True)
-    (out / "results.json").write_text(json.dumps(report, indent=1))
-    (out / "results.md").write_text(markdown(report))
-    figures = ablation_figures(report, out)
-    print(f"results: {out / 'results.json'}, {out / 'results.md'}; figures: " + ", ".join(map(str, figures)))
+    written = write_report(out, "results", report, markdown(report), lambda: ablation_figures(report, out))
+    print("written: " + ", ".join(map(str, written)))
     return 0
 
 

@@ -27,7 +27,6 @@ matched control (`masking.ablate_image=true`, same seed and schedule) must stay 
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from .categories import CHANCE, MRC_SPLITS, NAMED_BY_SPAN, REPORTED, span_naming
 from .conditions import resolve_fill, training_means
 from .config import GroundingConfig, command_config, command_line, model_specs
 from .plots import grounding_figure
+from .report import write_report
 from .statistics import clustered_bootstrap, format_interval
 
 # --- data ---------------------------------------------------------------------------------------------
@@ -305,11 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         model = model.to(args.device).eval()
         ev = GroundingEval(cfg, load_tokenizer(str(tokenizer_dir)), feature_extractor(model, args.device))
         summaries[name] = ev.summarise(ev(model, args.device))
-    (out / "grounding.json").write_text(json.dumps({"config": cfg.__dict__, "models": summaries}, indent=1))
     text = table(summaries)
-    (out / "grounding.md").write_text(text)
-    figure = grounding_figure(summaries, out / "grounding.png")
-    print(text + f"\nresults: {out / 'grounding.json'}, {out / 'grounding.md'}; figure: {figure}")
+    written = write_report(out, "grounding", {"config": cfg.__dict__, "models": summaries}, text,
+                           lambda: grounding_figure(summaries, out / "grounding.png"))
+    print(text + "\nwritten: " + ", ".join(map(str, written)))
     return 0
 
 

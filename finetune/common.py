@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -289,11 +290,29 @@ def load_task_model(path: str | Path, build):
 
 # --- one main for every task ---------------------------------------------------------------------------------
 
-class FinetuneTask(Task):
-    """A finetune task as a `train.run.Task`. `spec` (one module per task) provides: name, config_cls, doc,
+class TaskSpec:
+    """One finetune task, declared in its own module as `class VQATask(TaskSpec, name="vqa", config=VQAConfig)`
+    (its command's help is that module's docstring), with static methods:
     dataset(cfg, tokenizer, task_info, train) -> the training set (task_info None) or cfg.eval_split's,
     build_module(pretrained, cfg, train_set) -> (module, task_info), rebuild(vl_bert, task_info) -> module,
-    evaluate(module, eval_set, cfg, run_dir, device) -> metrics dict, summary(metrics) -> str."""
+    evaluate(module, eval_set, cfg, run_dir, device) -> metrics dict (`score` runs it in eval mode without
+    gradients), summary(metrics) -> str."""
+    name: str
+    config_cls: type
+    doc: str
+
+    def __init_subclass__(cls, name: str, config: type, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.config_cls, cls.doc = name, config, sys.modules[cls.__module__].__doc__
+
+    @classmethod
+    def score(cls, module, data, cfg, run_dir: Path, device) -> dict:
+        with torch.no_grad():
+            return cls.evaluate(module.eval(), data, cfg, run_dir, device)
+
+
+class FinetuneTask(Task):
+    """A finetune task (a `TaskSpec`) as a `train.run.Task`."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -358,7 +377,7 @@ class FinetuneTask(Task):
             if cfg.detector == "frozen":
                 data = RegionFeatureCache(data, module.vl_bert.to(device), cfg.eval_batch_size, device,
                                           f"{cfg.eval_split} images")
-            metrics = spec.evaluate(module.to(device), data, cfg, run_dir, device)
+            metrics = spec.score(module.to(device), data, cfg, run_dir, device)
             metrics["skipped"] = data.skips.as_dict()["skipped"]
             (run_dir / f"metrics_{cfg.eval_split}.json").write_text(json.dumps(metrics, indent=1))
             print(f"{spec.name} on {cfg.eval_split}: {spec.summary(metrics)}\noutputs: {run_dir}", flush=True)

@@ -37,7 +37,7 @@ from shards.images import collate_visual, load_image
 from shards.skips import SkipLog
 from train.engine import entry_point, to_device
 
-from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
+from .common import FinetuneConfig, TaskSpec, copy_transform, encode, eval_batches, finetune_main, pad_lists
 
 SPLITS = ("train", "val", "testA", "testB", "test")
 
@@ -213,11 +213,7 @@ class RefModel(nn.Module):
         return loss, {"loss/total": loss.detach(), "acc/iou_0.5": hit.float().mean().detach()}
 
 
-class RefTask:
-    name = "refcoco"
-    config_cls = RefConfig
-    doc = __doc__
-
+class RefTask(TaskSpec, name="refcoco", config=RefConfig):
     @staticmethod
     def dataset(cfg: RefConfig, tokenizer, info: dict | None, train: bool):
         return RefSet(cfg, "train" if train else cfg.eval_split, tokenizer, train=train)
@@ -236,9 +232,7 @@ class RefTask:
         return RefModel(vl_bert, info["classifier_dropout"], info.get("head", "mlp"))
 
     @staticmethod
-    @torch.no_grad()
     def evaluate(model: RefModel, data: RefSet, cfg: RefConfig, run_dir: Path, device) -> dict:
-        model.eval()
         preds, hits, chance = [], [], []
         for idx, batch in eval_batches(data, cfg.eval_batch_size, cfg.max_eval_examples, "refcoco eval"):
             logits = model.logits(to_device(batch, device)).float().cpu()

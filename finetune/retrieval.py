@@ -41,6 +41,7 @@ from train.engine import entry_point, to_device
 from .common import (
     FinetuneConfig,
     RegionFeatureCache,
+    TaskSpec,
     box_file_images,
     encode,
     finetune_main,
@@ -225,11 +226,7 @@ def recalls(scores: np.ndarray, caption_image: np.ndarray) -> dict:
             "image_to_text": {k: image_rank < k for k in RECALL_AT}}
 
 
-class RetrievalTask:
-    name = "retrieval"
-    config_cls = RetrievalConfig
-    doc = __doc__
-
+class RetrievalTask(TaskSpec, name="retrieval", config=RetrievalConfig):
     @staticmethod
     def dataset(cfg: RetrievalConfig, tokenizer, info: dict | None, train: bool):
         return RetrievalSet(cfg, "train" if train else cfg.eval_split, tokenizer)
@@ -245,9 +242,7 @@ class RetrievalTask:
         return RetrievalModel(vl_bert, info["classifier_dropout"])
 
     @staticmethod
-    @torch.no_grad()
     def evaluate(model: RetrievalModel, data, cfg: RetrievalConfig, run_dir: Path, device) -> dict:
-        model.eval()
         if not isinstance(data, RegionFeatureCache):  # each image's regions once, not once per caption
             data = RegionFeatureCache(data, model.vl_bert.to(device), cfg.eval_batch_size, device,
                                       f"{cfg.eval_split} images")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diagnostics.report import write_report
 from diagnostics.statistics import clustered_bootstrap
 
 from .vqa_score import read_results, read_vqa, vqa_accuracy
@@ -222,12 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"table4: {e}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table4.json").write_text(json.dumps(rep, indent=1))
     md = markdown(rep)
-    (out / "table4.md").write_text(md)
-    figure = plot(rep, out / "table4.png")
-    print(md + f"written: {out / 'table4.md'}, {out / 'table4.json'}, {figure}")
+    written = write_report(out, "table4", rep, md, lambda: plot(rep, out / "table4.png"))
+    print(md + "written: " + ", ".join(map(str, written)))
     return 0
 
 

@@ -45,7 +45,7 @@ from shards.images import collate_visual, load_image
 from shards.skips import SkipLog, numbered_lines
 from train.engine import entry_point, to_device
 
-from .common import FinetuneConfig, copy_transform, encode, eval_batches, finetune_main, pad_lists
+from .common import FinetuneConfig, TaskSpec, copy_transform, encode, eval_batches, finetune_main, pad_lists
 
 # R2C's list (and the official VL-BERT code's), "Peyton" twice included: person i gets name i mod 15
 GENDER_NEUTRAL_NAMES = ["Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry", "Jody", "Kendall",
@@ -347,11 +347,7 @@ class VCRModel(nn.Module):
         return loss, metrics
 
 
-class VCRTask:
-    name = "vcr"
-    config_cls = VCRConfig
-    doc = __doc__
-
+class VCRTask(TaskSpec, name="vcr", config=VCRConfig):
     @staticmethod
     def dataset(cfg: VCRConfig, tokenizer, info: dict | None, train: bool):
         if not train:
@@ -379,9 +375,7 @@ class VCRTask:
         return VCRModel(vl_bert, len(info["object_classes"]), info["settings"])
 
     @staticmethod
-    @torch.no_grad()
     def evaluate(model: VCRModel, data: VCRSet, cfg: VCRConfig, run_dir: Path, device) -> dict:
-        model.eval()
         preds = {}
         for idx, batch in eval_batches(data, cfg.eval_batch_size, cfg.max_eval_examples, "vcr eval"):
             scores, _ = model.run(to_device(batch, device))

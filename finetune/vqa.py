@@ -41,6 +41,7 @@ from train.engine import entry_point, to_device
 
 from .common import (
     FinetuneConfig,
+    TaskSpec,
     box_file_images,
     copy_transform,
     encode,
@@ -213,11 +214,7 @@ class VQAModel(nn.Module):
 
 # --- the task for finetune_main -----------------------------------------------------------------------------
 
-class VQATask:
-    name = "vqa"
-    config_cls = VQAConfig
-    doc = __doc__
-
+class VQATask(TaskSpec, name="vqa", config=VQAConfig):
     @staticmethod
     def dataset(cfg: VQAConfig, tokenizer, info: dict | None, train: bool):
         if train:
@@ -247,9 +244,7 @@ class VQATask:
         return VQAModel(vl_bert, len(info["answers"]), info["classifier_dropout"])
 
     @staticmethod
-    @torch.no_grad()
     def evaluate(model: VQAModel, data: VQASet, cfg: VQAConfig, run_dir: Path, device) -> dict:
-        model.eval()
         results = []
         for idx, batch in eval_batches(data, cfg.eval_batch_size, cfg.max_eval_examples, "vqa eval"):
             logits = model.logits(to_device(batch, device)).float().cpu()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from pycocoevalcap.bleu.bleu import Bleu
@@ -86,7 +87,7 @@ def _close_meteor(scorer) -> None:
 
 # --- Xsim ---------------------------------------------------------------------------------------------
 
-def plot_xsim(curves: dict[str, list[float]], path, title: str = "Cross-modal similarity Xsim") -> None:
+def plot_xsim(curves: dict[str, list[float]], path, title: str = "Cross-modal similarity Xsim") -> Path:
     # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
     import matplotlib
 
@@ -104,6 +105,7 @@ def plot_xsim(curves: dict[str, list[float]], path, title: str = "Cross-modal si
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path
 
 
 # --- attention view -------------------------------------------------------------------------------------

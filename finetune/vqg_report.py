@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from diagnostics.report import write_report
 from diagnostics.statistics import clustered_bootstrap
 from model.bert_gen import BertGen
 from model.config import load_config
@@ -142,21 +143,25 @@ def main(argv: list[str] | None = None) -> int:
     if first is not None and any("xsim" in e for e in found.values()):
         random = random_transformer_xsim(first, cfg)
     report = {"split": cfg.eval_split, "steps": found, "random_transformer_xsim": random}
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "report.md").write_text(markdown(found, random))
-    curves = {LABELS[s]: e["xsim"]["xsim"] for s, e in found.items() if "xsim" in e}
-    if curves:
+    def figures() -> list[Path]:
+        curves = {LABELS[s]: e["xsim"]["xsim"] for s, e in found.items() if "xsim" in e}
+        if not curves:
+            return []
         centred = {LABELS[s]: e["xsim"]["xsim_centred"] for s, e in found.items()
                    if "xsim_centred" in e.get("xsim", {})}
         if random:
             curves = {"Random Transformer": random["xsim"], **curves}
             centred = {"Random Transformer": random["xsim_centred"], **centred}
-        plot_xsim(curves, out / "xsim.png")
+        drawn = [plot_xsim(curves, out / "xsim.png")]
         if centred:
-            plot_xsim(centred, out / "xsim_centred.png", "Centred Xsim (each modality's mean [CLS] removed)")
-    print((out / "report.md").read_text())
-    print(f"report: {out}/report.md, report.json" + (", xsim.png, xsim_centred.png" if curves else ""),
-          file=sys.stderr)
+            drawn.append(plot_xsim(centred, out / "xsim_centred.png",
+                                   "Centred Xsim (each modality's mean [CLS] removed)"))
+        return drawn
+
+    md = markdown(found, random)
+    written = write_report(out, "report", report, md, figures)
+    print(md)
+    print("written: " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
 
 

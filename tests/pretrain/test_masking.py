@@ -27,14 +27,17 @@ def masker():
     return tok, PretrainMasker(MaskingConfig(), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
 
 
+def mask_rows(tok, m, text: str, rows: int, seed: int):
+    """`rows` copies of `text` through the masker: ids, masked ids, labels, chosen pieces, continuation pieces."""
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]] * rows)
+    out, labels = m.mask_words(ids, torch.ones_like(ids, dtype=torch.bool), torch.Generator().manual_seed(seed))
+    return ids, out, labels, labels != IGNORE, m.continuation[ids]
+
+
 def test_whole_words_are_masked_together(masker):
     tok, m = masker
     text = "unbelievably tokenization of extraordinarily hyperparameters " * 6
-    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]] * 64)
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    _, labels = m.mask_words(ids, valid, torch.Generator().manual_seed(0))
-    chosen = labels != IGNORE
-    cont = m.continuation[ids]
+    ids, _, labels, chosen, cont = mask_rows(tok, m, text, rows=64, seed=0)
     # a continuation piece is chosen exactly when the piece before it is
     assert torch.equal(chosen[:, 1:][cont[:, 1:]], chosen[:, :-1][cont[:, 1:]])
     words_chosen = chosen[~cont].float().mean().item()
@@ -141,11 +144,7 @@ def test_80_10_10_is_drawn_once_per_word(masker):
     """Every piece of a chosen word gets the same treatment: all [MASK], all random, or all kept."""
     tok, m = masker
     text = "unbelievably extraordinarily hyperparameters " * 8
-    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]] * 200)
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    out, labels = m.mask_words(ids, valid, torch.Generator().manual_seed(3))
-    chosen = labels != IGNORE
-    cont = m.continuation[ids]
+    ids, out, labels, chosen, cont = mask_rows(tok, m, text, rows=200, seed=3)
     as_mask = out == 103
     kept = out == ids
     pairs = chosen[:, 1:] & cont[:, 1:]  # a chosen continuation piece and the piece before it

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.resume import counting_tar_reads, legacy
 from shards.collate import collate_captions
 from shards.decode import resize_scale
 from shards.reader import StreamConfig, StreamLoader
@@ -250,17 +251,6 @@ def test_exact_resume_inside_a_length_pool(corpus, workers, stop):
     assert [b["caption"]["keys"] for b in got] == [b["caption"]["keys"] for b in reference[stop:]]
 
 
-def _legacy(state: dict) -> dict:
-    """The loader state in the pre-O(1) form: each source position as (epoch, records pulled)."""
-    state = json.loads(json.dumps(state))
-    for role in state["role_states"].values():
-        for name in ("caption", "text"):
-            if role.get(name):
-                src = role[name]["source"]
-                role[name]["source"] = [src["epoch"], src["pulled"]]
-    return state
-
-
 @pytest.mark.parametrize("pattern,rank,pool", [("cap-{0..4}.tar", 0, 1), ("cap-{0..4}.tar", 1, 2),
                                                ("cap-0.tar", 1, 1)])  # by shard, in pools, by record
 def test_exact_resume_at_every_position_of_two_epochs(corpus, pattern, rank, pool):
@@ -275,47 +265,33 @@ def test_exact_resume_at_every_position_of_two_epochs(corpus, pattern, rank, poo
         it = iter(first)
         for _ in range(stop):
             next(it)
-        for state in (json.loads(json.dumps(first.state_dict())), _legacy(first.state_dict())):
+        for state in (json.loads(json.dumps(first.state_dict())), legacy(first.state_dict())):
             resumed = StreamLoader(cfg, rank=rank, world_size=2)
             resumed.load_state_dict(state)
             assert reference[:stop] + keys_of(resumed, "caption") == reference, stop
 
 
-def test_resume_reads_its_buffers_shards_not_the_epoch(tmp_path, monkeypatch):
+def test_resume_reads_its_buffers_shards_not_the_epoch(tmp_path):
     """O(1) resume: 40 shards of 5 captions; stopped at 10% and at 90% of the epoch, a resumed loader reads
     about the same few tar records before its first batch (the shards its shuffle buffer and cursor lie in),
     where replaying the epoch up to the position (the older state's way) reads ~the position's records."""
-    import webdataset as wds
-
     for s in range(40):
         write_caption_shard(tmp_path / f"c-{s:02d}.tar", caption_samples(s * 5, 5))
     cfg = cfg_for(tmp_path, caption_shards=str(tmp_path / "c-{00..39}.tar"), text_batch_size=0,
                   caption_batch_size=1, shuffle_buffer=4)
-    reads = [0]
-    tar_samples = wds.tarfile_to_samples
-
-    def counting(*args, **kwargs):
-        stage = tar_samples(*args, **kwargs)
-
-        def counted(src):
-            for record in stage(src):
-                reads[0] += 1
-                yield record
-        return counted
-
-    monkeypatch.setattr(wds, "tarfile_to_samples", counting)
-    cost = {}
-    for stop in (20, 180):
-        first = StreamLoader(cfg)
-        it = iter(first)
-        for _ in range(stop):
-            next(it)
-        for form, state in (("new", first.state_dict()), ("legacy", _legacy(first.state_dict()))):
-            resumed = StreamLoader(cfg)
-            resumed.load_state_dict(state)
-            reads[0] = 0
-            next(iter(resumed))
-            cost[form, stop] = reads[0]
+    with counting_tar_reads() as reads:
+        cost = {}
+        for stop in (20, 180):
+            first = StreamLoader(cfg)
+            it = iter(first)
+            for _ in range(stop):
+                next(it)
+            for form, state in (("new", first.state_dict()), ("legacy", legacy(first.state_dict()))):
+                resumed = StreamLoader(cfg)
+                resumed.load_state_dict(state)
+                reads[0] = 0
+                next(iter(resumed))
+                cost[form, stop] = reads[0]
     assert cost["new", 20] <= 25 and cost["new", 180] <= 25  # a handful of 5-record shards, at any position
     assert cost["legacy", 180] >= 180 and cost["legacy", 20] >= 20
 
