@@ -57,27 +57,25 @@ fi
 stage_start=$SECONDS
 stages=()
 stage_done() { stages+=("$1 $((SECONDS - stage_start)) s"); echo "launch/pretrain.sh: $1 took $((SECONDS - stage_start)) s" >&2; stage_start=$SECONDS; }
-if grep -q "data/demo/shards" "$config"; then
-  python -m shards.demo --out data/demo
-  stage_done "demo corpus"
-fi
-# the demo detector's warm-up a config names (the quick start's, or demo_long's 3x longer one), when missing
-for warm in detector_demo:detector-demo detector_demo_long:detector-demo-long; do
-  warm_config="launch/configs/${warm%%:*}.yaml"; warm_dir="runs/${warm##*:}"
-  if grep -q "$warm_dir/fast_rcnn.pt" "$config" && [ ! -f "$warm_dir/fast_rcnn.pt" ]; then
-    echo "launch/pretrain.sh: warming up the demo's Fast R-CNN first ($warm_config)" >&2
-    python -m pretrain.detector --config "$warm_config"
-    stage_done "detector warm-up"
-  fi
-done
-feats=data/demo/shards/features-train/manifest.json
-if grep -q "data/demo/shards/features-train" "$config" && \
-    { [ ! -f "$feats" ] || [ data/demo/shards/captions-train/manifest.json -nt "$feats" ]; }; then
-  echo "launch/pretrain.sh: writing the demo's region features first (python -m pretrain.features)" >&2
-  python -m pretrain.features --config "$config" --input 'data/demo/shards/captions-train/*.tar' \
-    --out data/demo/shards/features-train
-  stage_done "region features"
-fi
+# what the run needs first (the demo corpus, a detector warm-up, precomputed features), read from the config as the
+# run reads it, overrides included (pretrain/prepare.py); a config error stops here, before any of it
+prepare="$(python -m pretrain.prepare --config "$config" ${passthrough[@]+"${passthrough[@]}"})"
+while read -r step arg <&3; do
+  case "$step" in
+    demo)
+      python -m shards.demo --out data/demo
+      stage_done "demo corpus" ;;
+    warmup)
+      echo "launch/pretrain.sh: warming up the demo's Fast R-CNN first ($arg)" >&2
+      python -m pretrain.detector --config "$arg"
+      stage_done "detector warm-up" ;;
+    features)
+      echo "launch/pretrain.sh: writing the demo's region features first (python -m pretrain.features)" >&2
+      python -m pretrain.features --config "$config" --input 'data/demo/shards/captions-train/*.tar' \
+        --out data/demo/shards/features-train
+      stage_done "region features" ;;
+  esac
+done 3<<< "$prepare"
 launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
 [ -n "$hostfile" ] && launcher+=(--hostfile "$hostfile")
 [ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")
