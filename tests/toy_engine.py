@@ -2,11 +2,20 @@
 its state, a linear module whose loss is logged, and the environment such a subprocess runs in."""
 
 import os
+import socket
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A port no process listens on now, for a job's master: the suite runs in parallel workers (pytest-xdist),
+    so fixed or counted ports would collide between two jobs started at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def one_process_env() -> dict[str, str]:

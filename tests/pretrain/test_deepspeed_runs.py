@@ -14,6 +14,8 @@ import pytest
 import torch
 import yaml
 
+from tests.toy_engine import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("deepspeed") is None, reason="deepspeed launcher not on PATH")
 
@@ -46,13 +48,9 @@ def tiny_config(tmp_path, demo_corpus, run, diagnostic: bool = False, **engine) 
     return path
 
 
-_port = [29600]
-
-
 def launch(config: Path, *extra: str, wait: bool = True, gpus: int = 2):
-    _port[0] += 1
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    cmd = ["deepspeed", "--num_gpus", str(gpus), "--master_port", str(_port[0]), "--module", "pretrain.run",
+    cmd = ["deepspeed", "--num_gpus", str(gpus), "--master_port", str(free_port()), "--module", "pretrain.run",
            "--config", str(config), *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -133,11 +131,17 @@ def _wait_for(path: Path, proc, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
-def test_exact_resume_after_sigkill(tmp_path, demo_corpus):
-    reference = tiny_config(tmp_path, demo_corpus, "ref", steps=12, export=False)
-    launch(reference)
-    expected = metrics(tmp_path / "ref")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, demo_corpus) -> dict[int, dict]:
+    """The metrics of one 2-rank ZeRO-2 run of 12 steps, never stopped: what a run killed and resumed (on one node,
+    or on two) must reproduce step for step."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    launch(tiny_config(tmp, demo_corpus, "ref", steps=12, export=False))
+    return metrics(tmp / "ref")
 
+
+def test_exact_resume_after_sigkill(tmp_path, demo_corpus, uninterrupted):
+    expected = uninterrupted
     killed = tiny_config(tmp_path, demo_corpus, "killed", steps=12, checkpoint_every=6, export=False)
     proc = launch(killed, wait=False)
     _wait_for(tmp_path / "killed" / "checkpoints" / "step_0000006" / "COMPLETE", proc)
@@ -211,10 +215,9 @@ def test_sigterm_to_the_launch_script_stops_every_rank_with_a_checkpoint(tmp_pat
     import psutil
 
     config = tiny_config(tmp_path, demo_corpus, "pre", steps=500, export=False)
-    _port[0] += 1
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(["bash", str(ROOT / "launch/pretrain.sh"), "--config", str(config), "--gpus", "2",
-                             "--master-port", str(_port[0])], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             "--master-port", str(free_port())], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     run = tmp_path / "pre"
     _wait_for(run / "metrics.jsonl", proc)
@@ -312,26 +315,24 @@ def test_two_rank_run_on_precomputed_features_with_the_diagnostic(tmp_path, demo
     assert "exported fp32 weights" in out
 
 
-def test_two_nodes_without_ssh_train_checkpoint_and_resume_as_one_node(tmp_path, demo_corpus):
+def test_two_nodes_without_ssh_train_checkpoint_and_resume_as_one_node(tmp_path, demo_corpus, uninterrupted):
     """2 nodes x 1 rank on localhost, each started by `launch/pretrain.sh --node-rank R` (the ssh-less per-node
     form Kubernetes and SLURM use; one hostfile, one master address), compute exactly what 1 node x 2 ranks
     computes; the job checkpoints, stops, and resumes on its two nodes."""
-    reference = tiny_config(tmp_path, demo_corpus, "one_node", steps=8, export=False)
-    launch(reference)
-    expected = metrics(tmp_path / "one_node")
-    config = tiny_config(tmp_path, demo_corpus, "two_nodes", steps=8, checkpoint_every=4, export=False)
+    expected = uninterrupted  # 1 node x 2 ranks
+    config = tiny_config(tmp_path, demo_corpus, "two_nodes", steps=12, checkpoint_every=6, export=False)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
 
     def nodes(*extra: str, kill_after: Path | None = None) -> None:
-        _port[0] += 1
+        port = free_port()
         procs, logs = [], []
         for rank in (0, 1):
-            logs.append(open(tmp_path / f"node{rank}-{_port[0]}.log", "w+"))
+            logs.append(open(tmp_path / f"node{rank}-{port}.log", "w+"))
             procs.append(subprocess.Popen(
                 ["bash", "launch/pretrain.sh", "--config", str(config), "--gpus", "1", "--hostfile", str(hostfile),
-                 "--master-addr", "127.0.0.1", "--master-port", str(_port[0]), "--node-rank", str(rank), *extra],
+                 "--master-addr", "127.0.0.1", "--master-port", str(port), "--node-rank", str(rank), *extra],
                 cwd=ROOT, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True))
         try:
             if kill_after is not None:  # a lost job: both nodes killed once the checkpoint is complete
@@ -354,10 +355,10 @@ def test_two_nodes_without_ssh_train_checkpoint_and_resume_as_one_node(tmp_path,
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
 
-    nodes(kill_after=tmp_path / "two_nodes" / "checkpoints" / "step_0000004" / "COMPLETE")
+    nodes(kill_after=tmp_path / "two_nodes" / "checkpoints" / "step_0000006" / "COMPLETE")
     nodes("--resume")
     got = metrics(tmp_path / "two_nodes")
-    assert sorted(got) == list(range(1, 9))
-    for step in range(1, 9):
+    assert sorted(got) == list(range(1, 13))
+    for step in range(1, 13):
         for key in ("loss/total", "loss/mlm_caption", "loss/mrc", "loss/mlm_text"):
             assert abs(got[step][key] - expected[step][key]) < 1e-5, (step, key, got[step][key], expected[step][key])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.toy_engine import one_process_env
+from tests.toy_engine import free_port, one_process_env
 from train.engine import (
     STAGE0_MODEL_FILE,
     EngineConfig,
@@ -179,7 +179,7 @@ def toy_run(tmp_path, run: str, world: int, steps: int, resume: bool = False) ->
     script.write_text(_TOY)
     args = json.dumps({"run_dir": str(tmp_path / run), "steps": steps, "resume": resume})
     cmd = ([sys.executable, str(script), args] if world == 1 else
-           ["deepspeed", "--num_gpus", str(world), "--master_port", str(29700 + steps + 10 * resume), str(script),
+           ["deepspeed", "--num_gpus", str(world), "--master_port", str(free_port()), str(script),
             args])
     proc = subprocess.run(cmd, cwd=ROOT, env=one_process_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
