@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if first is not None and any("xsim" in e for e in found.values()):
         random = random_transformer_xsim(first, cfg)
     report = {"split": cfg.eval_split, "steps": found, "random_transformer_xsim": random}
+
     def figures() -> list[Path]:
         curves = {LABELS[s]: e["xsim"]["xsim"] for s, e in found.items() if "xsim" in e}
         if not curves:

@@ -60,7 +60,7 @@ stage_done() { stages+=("$1 $((SECONDS - stage_start)) s"); echo "launch/pretrai
 # what the run needs first (the demo corpus, a detector warm-up, precomputed features), read from the config as the
 # run reads it, overrides included (pretrain/prepare.py); a config error stops here, before any of it
 prepare="$(python -m pretrain.prepare --config "$config" ${passthrough[@]+"${passthrough[@]}"})"
-while read -r step arg <&3; do
+while read -r step arg out <&3; do
   case "$step" in
     demo)
       python -m shards.demo --out data/demo
@@ -71,8 +71,7 @@ while read -r step arg <&3; do
       stage_done "detector warm-up" ;;
     features)
       echo "launch/pretrain.sh: writing the demo's region features first (python -m pretrain.features)" >&2
-      python -m pretrain.features --config "$config" --input 'data/demo/shards/captions-train/*.tar' \
-        --out data/demo/shards/features-train
+      python -m pretrain.features --config "$config" --input "$arg" --out "$out"
       stage_done "region features" ;;
   esac
 done 3<<< "$prepare"

@@ -8,23 +8,24 @@ Steps, in the order they must run:
   names lies under data/demo/.
 - `warmup <detector config>`: the detector warm-up (`python -m pretrain.detector`) whose output is
   `model.fast_rcnn.weights`, when that file is missing; the warm-ups are the `launch/configs/detector_*.yaml`.
-- `features`: the demo's precomputed region features (`python -m pretrain.features`), when `data.caption_shards`
-  reads them and they are missing or older than the caption shards they come from.
+- `features <caption shards> <out>`: the demo's precomputed region features (`python -m pretrain.features`),
+  when `data.caption_shards` reads them and they are missing or older than the caption shards they come from.
 The launcher's own flags (--resume, --overwrite, --skip-batches) are accepted and change nothing here.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from model.config import ConfigError, load_config
-from train.engine import add_run_arguments, entry_point, run_overrides
+from train.engine import entry_point, run_overrides
+from train.run import command_line
 
 from .config import PretrainConfig
 from .detector import DetectorConfig
+from .run import PretrainTask
 
 DEMO = "data/demo/"
 FEATURES = Path("data/demo/shards/features-train")
@@ -67,16 +68,16 @@ def steps(cfg: PretrainConfig, warmups: list[Path]) -> list[str]:
     if str(FEATURES) in cfg.data.caption_shards:
         manifest, source = FEATURES / "manifest.json", CAPTIONS / "manifest.json"
         if not manifest.is_file() or not source.is_file() or source.stat().st_mtime > manifest.stat().st_mtime:
-            out.append("features")
+            out.append(f"features {CAPTIONS}/*.tar {FEATURES}")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p, "PretrainConfig YAML (see launch/configs/)", "engine.steps=200")
-    args = p.parse_args(argv)
-    cfg = load_config(PretrainConfig, args.config, run_overrides(args))
+    task = PretrainTask()
+    parser = command_line(task)  # pretraining's own: whatever the run accepts, this accepts
+    parser.description, parser.epilog = __doc__.split("\n\n")[0], __doc__
+    args = parser.parse_args(argv)
+    cfg = load_config(task.config_cls, args.config, run_overrides(args))
     for step in steps(cfg, sorted(Path().glob(WARMUPS))):
         print(step)
     return 0

@@ -59,12 +59,18 @@ class Task:
         raise NotImplementedError
 
 
-def run(task: Task, argv: list[str] | None = None) -> int:
+def command_line(task: Task) -> argparse.ArgumentParser:
+    """The command line `run` parses for `task`: the shared flags, the task's own and key=value overrides (also
+    what a launcher's preparation reads, so that it accepts exactly what the run accepts)."""
     parser = argparse.ArgumentParser(description=task.description, epilog=task.doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser, task.config_help, task.overrides_example)
     task.add_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(task: Task, argv: list[str] | None = None) -> int:
+    args = command_line(task).parse_args(argv)
     cfg = load_config(task.config_cls, args.config, run_overrides(args))
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     seed_rank(task.seed(cfg), rank)
