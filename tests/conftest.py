@@ -9,7 +9,8 @@ def pytest_configure(config):
     """Each parallel worker (pytest-xdist) gets its share of the cores for torch's threads, and so does every
     process it starts (they inherit OMP_NUM_THREADS; the deepspeed launcher sets its ranks' own). Unshared, two
     workers ran 2 x 2 OpenMP threads on 2 cores: the suite took 1,366 s against 1,058 s with one thread each
-    (user time 2,178 s against 1,634 s; the idle threads spin while they wait for the others)."""
+    (user time 2,178 s against 1,634 s; the idle threads spin while they wait for the others; the first run also
+    compiled DeepSpeed's shm op, as every fresh CI machine does)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
