@@ -9,7 +9,6 @@ Overrides address the config's sections: `engine.steps=200`, `data.caption_batch
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -29,7 +28,7 @@ from model.hf_import import load_hf_bert
 from model.vl_bert import VLBertForPretraining, real_positions
 from shards.reader import StreamLoader
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
-from train.engine import entry_point, to_device
+from train.engine import entry_point, to_device, usable_cores
 from train.run import Task, Training, run
 
 from .config import PretrainConfig, build_model_config
@@ -200,8 +199,7 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
         # the other ranks only wait at the barrier below: rank 0 may use every core (the launcher gave
         # each rank its share, e.g. OMP_NUM_THREADS=1 on 2 cores and 2 ranks)
         threads = torch.get_num_threads()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(threads, cores))
+        torch.set_num_threads(max(threads, usable_cores()))
         model = load_pretrained(run_dir / "export").to(engine.device).eval()
         ev = GroundingEval(cfg, tokenizer, feature_extractor(model, engine.device))
         summary = ev.summarise(ev(model, engine.device))

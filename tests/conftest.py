@@ -13,11 +13,14 @@ def pytest_configure(config):
     compiled DeepSpeed's shm op, as every fresh CI machine does)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
-        import torch  # lazy: only where the threads are shared
+        # lazy: torch and the engine only where the threads are shared
+        import torch
 
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        from train.engine import usable_cores
+
+        share = max(1, usable_cores() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        torch.set_num_threads(share)
 
 
 @pytest.fixture(scope="session")

@@ -218,6 +218,11 @@ def entry_point(main) -> int:
         os._exit(1)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a scheduler's cgroup or taskset, not the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def seed_rank(seed: int, rank: int) -> None:
     """Every trainer's torch RNG: the seeding tree's ("torch global", rank) leaf. Ranks draw their own dropout
     masks (one seed for all would repeat them on every rank), and no run's rank shares another run's stream
