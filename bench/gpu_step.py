@@ -207,6 +207,9 @@ def run_size(size: str, a, tokenizer) -> dict:
                 f"ours_zero{stage}" + ("" if precision == "bf16" else f"_{precision}")
             engine = engine_loop(cfg, initial, on_gpu, stage, f"{tmp}/{name}", a.steps, 2 * a.captions,
                                  precision=precision, grad_clip=10.0)
+            # the stage the loop ran at: ZeRO 1/2 on one rank with fp32 weights run as 0 (train.engine.run_stage), so
+            # two names can time one configuration (session 32: 0.86x and 1.08x, the bench's own spread)
+            result.setdefault("stage_run", {})[name] = engine.cfg.zero_stage
             engine_window(engine, 2)  # warm-up beyond the first step
             result["seconds_per_step"][name] = [engine_window(engine, a.steps) for _ in range(a.repeats)]
             if a.profile:
