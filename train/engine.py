@@ -259,7 +259,32 @@ def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, i
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
+    else:
+        unlink_shm_buffer()
     return dist.get_rank(), dist.get_world_size()
+
+
+def shm_buffer_path(rank: int) -> Path:
+    """The /dev/shm file of a rank's DeepSpeed CPU all-reduce workspace (its csrc/cpu/comm/shm.cpp names it by
+    user, MASTER_ADDR, MASTER_PORT and global rank)."""
+    return Path("/dev/shm") / (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+                               f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+
+
+def unlink_shm_buffer() -> None:
+    """Remove this rank's DeepSpeed shm workspace name once every rank has mapped every workspace.
+
+    DeepSpeed's CPU all-reduce (used when all ranks share a node) creates a 69 MB shared-memory file per rank and
+    never unlinks it: every CPU run left them in /dev/shm, which is RAM, until a reboot (155 of them, 10.7 GB, had
+    filled this machine's memory when a benchmark was OOM-killed, session 32). Each rank's initialize returns only
+    after it has mapped every other rank's file, so after a barrier no one opens them by name again: unlinked now,
+    the memory lives as long as the mappings and goes with the last process, a killed one's too."""
+    # DeepSpeed's own test for the shm path (every rank on this node), the same on every rank, so that all of them
+    # or none reach the barrier; a file of this name left by an earlier run must not decide it
+    if int(os.environ.get("LOCAL_SIZE", "0")) != dist.get_world_size():
+        return
+    dist.barrier()
+    shm_buffer_path(dist.get_rank()).unlink(missing_ok=True)
 
 
 def _is_rank0() -> bool:
