@@ -134,6 +134,8 @@ def scaling_rank(rank: int, world: int, port: int, name: str, steps: int, repeat
     times = {stage: [engine_window(engines[stage], steps) for _ in range(repeats)] for stage in engines}
     if rank == 0:
         Path(out).write_text(json.dumps({str(k): v for k, v in times.items()}))
+        # ZeRO 1/2 at one rank with fp32 weights run as stage 0 (train.engine.run_stage): the table says so
+        Path(f"{out}.stages").write_text(json.dumps({str(k): e.cfg.zero_stage for k, e in engines.items()}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -142,15 +144,16 @@ def run_scaling(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     """Seconds per step at 1 and 2 ranks (one thread each), and the weak-scaling efficiency t1 / t2."""
 
     tmp = tempfile.mkdtemp(prefix="bench_scaling_")
-    times = {}
+    times, stage_run = {}, {}
     for world, port in ((1, 29581), (2, 29582)):
         out = f"{tmp}/world{world}.json"
         mp.spawn(scaling_rank, args=(world, port, name, steps, repeats, demo_dir, out), nprocs=world)
         times[str(world)] = json.loads(Path(out).read_text())  # string keys, as its JSON round trip gives
+        stage_run[str(world)] = json.loads(Path(f"{out}.stages").read_text())
     shutil.rmtree(tmp, ignore_errors=True)
     efficiency = {stage: statistics.median(times["1"][stage]) / statistics.median(times["2"][stage])
                   for stage in times["1"]}
-    return {"shape": name, "seconds_per_step": times, "efficiency": efficiency}
+    return {"shape": name, "seconds_per_step": times, "stage_run": stage_run, "efficiency": efficiency}
 
 
 def run_shape(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
@@ -242,8 +245,11 @@ def write_scaling(scaling: list[dict], steps: int, repeats: int) -> None:
     for r in scaling:
         t = r["seconds_per_step"]
         samples = SHAPES[r["shape"]]["captions"] + SHAPES[r["shape"]]["texts"]
+        run = r.get("stage_run", {"1": {}, "2": {}})
         for stage in ("2", "0"):
-            rows.append(f"| {r['shape']} | {stage} | {median_range([samples / x for x in t['1'][stage]])} | "
+            runs_as = f"{run['1'].get(stage, stage)} / {run['2'].get(stage, stage)}"
+            rows.append(f"| {r['shape']} | {stage} | {runs_as} | "
+                        f"{median_range([samples / x for x in t['1'][stage]])} | "
                         f"{median_range([2 * samples / x for x in t['2'][stage]])} | "
                         f"{r['efficiency'][stage]:.2f} |")
     update_section("pretrain_scaling", f"""
@@ -253,10 +259,12 @@ def write_scaling(scaling: list[dict], steps: int, repeats: int) -> None:
 (processes on this machine over gloo, one thread and one core each), each rank with its own batch of the
 shape's size; {steps} timed steps after a warm-up, {repeats} repeats; median (min-max). Weak-scaling
 efficiency = the 2 ranks' samples/s over twice the 1 rank's (1.0: the gradient exchange costs nothing).
+"Runs as": the stage each loop ran at, 1 rank / 2 ranks (ZeRO 1/2 on one rank with fp32 weights run as stage 0,
+`train.engine.run_stage`, so the ZeRO-2 row's 1-rank loop is the ZeRO-0 one's configuration).
 Machine: {machine()}.
 
-| shape | ZeRO stage | 1 rank samples/s | 2 ranks samples/s | efficiency |
-| --- | --- | --- | --- | --- |
+| shape | ZeRO stage | runs as | 1 rank samples/s | 2 ranks samples/s | efficiency |
+| --- | --- | --- | --- | --- | --- |
 {chr(10).join(rows)}
 """)
 
