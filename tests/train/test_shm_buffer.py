@@ -20,6 +20,7 @@ torch.set_num_threads(1)
 from train.engine import init_distributed, shm_buffer_path
 import deepspeed.comm as ds_comm
 rank, world = init_distributed(int(os.environ["LOCAL_RANK"]))
+torch.distributed.barrier()  # every rank has returned, so has unlinked its own file
 names = [shm_buffer_path(r).name for r in range(world)]
 maps = open("/proc/self/maps").read()
 tensor = torch.arange(1000, dtype=torch.float32) * (rank + 1)
