@@ -133,9 +133,9 @@ def scaling_rank(rank: int, world: int, port: int, name: str, steps: int, repeat
                for stage in (2, 0)}
     times = {stage: [engine_window(engines[stage], steps) for _ in range(repeats)] for stage in engines}
     if rank == 0:
-        Path(out).write_text(json.dumps({str(k): v for k, v in times.items()}))
-        # ZeRO 1/2 at one rank with fp32 weights run as stage 0 (train.engine.run_stage): the table says so
-        Path(f"{out}.stages").write_text(json.dumps({str(k): e.cfg.zero_stage for k, e in engines.items()}))
+        # with the stage each loop ran at: ZeRO 1/2 at one rank with fp32 weights run as 0 (train.engine.run_stage)
+        Path(out).write_text(json.dumps({"times": {str(k): v for k, v in times.items()},
+                                         "stage_run": {str(k): e.cfg.zero_stage for k, e in engines.items()}}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -148,8 +148,8 @@ def run_scaling(name: str, steps: int, repeats: int, demo_dir: str) -> dict:
     for world, port in ((1, 29581), (2, 29582)):
         out = f"{tmp}/world{world}.json"
         mp.spawn(scaling_rank, args=(world, port, name, steps, repeats, demo_dir, out), nprocs=world)
-        times[str(world)] = json.loads(Path(out).read_text())  # string keys, as its JSON round trip gives
-        stage_run[str(world)] = json.loads(Path(f"{out}.stages").read_text())
+        written = json.loads(Path(out).read_text())  # string keys, as its JSON round trip gives
+        times[str(world)], stage_run[str(world)] = written["times"], written["stage_run"]
     shutil.rmtree(tmp, ignore_errors=True)
     efficiency = {stage: statistics.median(times["1"][stage]) / statistics.median(times["2"][stage])
                   for stage in times["1"]}

@@ -59,7 +59,10 @@ def worker(stage: int, layers: int, hidden: int, out: str) -> None:
     # lazy: deepspeed picks its accelerator when imported; entry points set DS_ACCELERATOR first
     import deepspeed
 
+    from train.engine import unlink_shm_buffer  # lazy: after DS_ACCELERATOR, as deepspeed
+
     deepspeed.init_distributed(dist_backend="gloo")
+    unlink_shm_buffer()  # its ranks share a node under the launcher: DeepSpeed's shm workspaces, else left behind
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     x = make_inputs(2, 12, 8, 2048, 1601)
     batch = ours_batch(x)

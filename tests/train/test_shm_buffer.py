@@ -26,7 +26,7 @@ maps = open("/proc/self/maps").read()
 tensor = torch.arange(1000, dtype=torch.float32) * (rank + 1)
 ds_comm.inference_all_reduce(tensor)
 print(json.dumps({
-    "left_in_dev_shm": [n for n in names if shm_buffer_path(names.index(n)).exists()],
+    "left_in_dev_shm": [shm_buffer_path(r).name for r in range(world) if shm_buffer_path(r).exists()],
     # mapped and unlinked: the kernel lists such a mapping as "(deleted)"
     "mapped_deleted": [n for n in names if f"/dev/shm/{n} (deleted)" in maps],
     "shm_kernel": getattr(ds_comm.comm.cdb, "shm_vector_kernel_level", 0),
