@@ -12,7 +12,8 @@ computes. Timed, each after warm-up steps and with one device sync per window (n
 - peer: torchvision's own ResNet C4 + RoIAlign on the same weights and batches (`bench.fast_rcnn_step`);
 - cnn_folded: the same detector with each frozen norm folded into its convolution (`fast_rcnn.fold_frozen_norms`);
 - ours: the `Engine` loop (DeepSpeed ZeRO-2, bf16, its non-finite flags and metric sums), when deepspeed is
-  installed; `--engine-stages` / `--engine-precisions` add other ZeRO stages and `bf16_autocast` beside it
+  installed, timed in the same interleaved repeats as the plain loop (both models on the device);
+  `--engine-stages` / `--engine-precisions` add other ZeRO stages and `bf16_autocast` beside it
   (`ours_zero<S>[_<precision>]`); `--profile` profiles the plain step and each Engine loop (kernels, host
   operators, device syncs).
 MFU = counted model FLOPs (`model/flops.py`) per second over the GPU's dense bf16 peak (`--peak-tflops`, the
@@ -178,28 +179,48 @@ def run_size(size: str, a, tokenizer) -> dict:
         for b in on_gpu[:2]:
             step(b)
     cuda = dev.type == "cuda"
-    if cuda:
+    if cuda:  # the plain loop's own peak, before the Engine's copies share the device
         torch.cuda.reset_peak_memory_stats()
-    times = {k: [] for k in parts}
-    for _ in range(a.repeats):  # interleaved
-        for k, step in parts.items():
-            times[k].append(synced(window(step), dev) / a.steps)
+    window(plain_step)()
     memory = torch.cuda.max_memory_allocated() if cuda else None
-    profile = device_profile(window(plain_step), a.steps, statistics.median(times["plain"])) if a.profile else None
-    opt.state.clear()  # the Engine below builds its own
-    module.cpu()
-    if cuda:
-        torch.cuda.empty_cache()
     result = {"size": size, "samples_per_step": 2 * a.captions, "flops_per_step": flops,
-              "seconds_per_step": times, "peak_memory_bytes_plain": memory, "profile": profile}
-    if a.no_engine:
-        return result
+              "peak_memory_bytes_plain": memory}
+    tmp = tempfile.mkdtemp(prefix="bench_gpu_step_")
+    engines = {}
+    try:
+        if not a.no_engine:
+            engines = build_engines(cfg, initial, on_gpu, a, tmp, result)
+        # every loop timed in each repeat, one after another: a ratio is not the drift of the machine between loops
+        # (session 32 timed the Engine after the plain loop and read 0.86x and 1.08x for one configuration)
+        windows = {k: window(step) for k, step in parts.items()}
+        windows.update({k: (lambda e=e: engine_window(e, a.steps)) for k, e in engines.items()})
+        times = {k: [] for k in windows}
+        for _ in range(a.repeats):
+            for k, run in windows.items():
+                times[k].append(synced(run, dev) / a.steps)
+        result["seconds_per_step"] = times
+        result["profile"] = device_profile(windows["plain"], a.steps, statistics.median(times["plain"])) \
+            if a.profile else None
+        for k, engine in engines.items():
+            if a.profile:
+                result[f"profile_{k}"] = device_profile(lambda e=engine: engine_window(e, a.steps), a.steps,
+                                                        statistics.median(times[k]))
+    finally:
+        for engine in engines.values():
+            engine.engine.destroy()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def build_engines(cfg, initial: dict, on_gpu: list, a, tmp: str, result: dict) -> dict:
+    """Our Engine's loops, one per requested ZeRO stage and precision, each warmed up; {} (and `ours_error` in
+    `result`) when deepspeed is missing or a loop cannot be built: the plain figures stand without them."""
     try:  # lazy: our Engine needs deepspeed (not in every GPU image), and it picks its accelerator when imported
         import deepspeed  # noqa: F401
     except ImportError as e:
         result["ours_error"] = f"deepspeed not importable: {e}"
-        return result
-    tmp = tempfile.mkdtemp(prefix="bench_gpu_step_")
+        return {}
+    engines = {}
     try:
         # "ours" is ZeRO-2 in bf16 (the pretraining configs'); other stages and precisions beside it
         for stage, precision in ((s, p) for s in a.engine_stages for p in a.engine_precisions):
@@ -207,23 +228,14 @@ def run_size(size: str, a, tokenizer) -> dict:
                 f"ours_zero{stage}" + ("" if precision == "bf16" else f"_{precision}")
             engine = engine_loop(cfg, initial, on_gpu, stage, f"{tmp}/{name}", a.steps, 2 * a.captions,
                                  precision=precision, grad_clip=10.0)
+            engines[name] = engine
             # the stage the loop ran at: ZeRO 1/2 on one rank with fp32 weights run as 0 (train.engine.run_stage), so
-            # two names can time one configuration (session 32: 0.86x and 1.08x, the bench's own spread)
+            # two names can time one configuration
             result.setdefault("stage_run", {})[name] = engine.cfg.zero_stage
             engine_window(engine, 2)  # warm-up beyond the first step
-            result["seconds_per_step"][name] = [engine_window(engine, a.steps) for _ in range(a.repeats)]
-            if a.profile:
-                result[f"profile_{name}"] = device_profile(lambda e=engine: engine_window(e, a.steps), a.steps,
-                                                           statistics.median(result["seconds_per_step"][name]))
-            engine.engine.destroy()
-            del engine
-            if cuda:
-                torch.cuda.empty_cache()
     except Exception as e:  # noqa: BLE001  the plain figures stand without it; say why it is missing
         result["ours_error"] = f"{type(e).__name__}: {e}"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return result
+    return engines
 
 
 def summarise(r: dict, peak: float) -> dict:
