@@ -7,6 +7,10 @@
 # only for the pairs) on each export.
 # Ran from the repository root as `bash docs/grounding_demo/gpu_s33/run.sh` with .dev carried (built by
 # docs/grounding_demo/gpu_s32/prepare_carry.sh).
+# Other runs: RUNS="name=multiplier[:ablate] ..." (a multiplier of 0 freezes the CNN), SHED_RUN (stopped if the others
+# fall behind; empty: none), COLOUR_RUNS. Session 33's next check, the 0.1 model against a control with its CNN frozen:
+#   RUNS="m01=0.1 m01_control_frozen=0:ablate m001=0.01 m001_control=0.01:ablate" SHED_RUN= \
+#   COLOUR_RUNS="m01 m01_control_frozen m001 m001_control" bash docs/grounding_demo/gpu_s33/run.sh
 # Rehearsal on a CPU: SKIP_SETUP=1 WARMUP_EXTRA="epochs=0.02" TRAIN_EXTRA="engine.steps=4 engine.eval_every=2" \
 #   DIAG_EXTRA=max_examples=20 DEADLINE_TRAIN=3000 DEADLINE_DIAG=3600 bash docs/grounding_demo/gpu_s33/run.sh
 set -u
@@ -14,9 +18,14 @@ T0=$SECONDS
 OUT="${OUT:-/tmp/out_s33}"; mkdir -p "$OUT"
 DEADLINE_TRAIN="${DEADLINE_TRAIN:-470}"   # seconds after start: runs still going are stopped then
 DEADLINE_DIAG="${DEADLINE_DIAG:-585}"
-SHED_AT="${SHED_AT:-300}"                 # the 0.01 redraw is stopped then if a paired run is under SHED_STEP
+SHED_AT="${SHED_AT:-300}"                 # SHED_RUN is stopped then if another run is under SHED_STEP
 SHED_STEP="${SHED_STEP:-1050}"
-names=(m01 m01_control m003 m003_control m001)
+# each run: name=multiplier (the CNN's LR multiplier), ":ablate" for a matched control; the default is session 33's
+RUNS="${RUNS:-m01=0.1 m01_control=0.1:ablate m003=0.03 m003_control=0.03:ablate m001=0.01}"
+SHED_RUN="${SHED_RUN-m001}"
+COLOUR_RUNS="${COLOUR_RUNS-m01 m01_control m003 m003_control}"   # also diagnosed on colour words alone
+names=()
+for r in $RUNS; do names+=("${r%%=*}"); done
 log() { echo "[s33 $((SECONDS - T0)) s] $*"; }
 snap() {
   # what comes back even if the call is cut off: logs, eval.jsonl, grounding tables, drift, diagnostics
@@ -64,11 +73,13 @@ launch() {  # name port multiplier extra...: started in this shell (not a subshe
     "optim.lr_multipliers={\"fast_rcnn.\":$mult}" "$@" ${TRAIN_EXTRA:-} > "runs/long_$name.log" 2>&1 &
   pid[$name]=$!
 }
-launch m01 29511 0.1
-launch m01_control 29512 0.1 masking.ablate_image=true
-launch m003 29513 0.03
-launch m003_control 29514 0.03 masking.ablate_image=true
-launch m001 29515 0.01
+port=29511
+for r in $RUNS; do
+  spec=${r#*=}
+  # shellcheck disable=SC2046
+  launch "${r%%=*}" $port "${spec%%:*}" $([ "${spec#*:}" = ablate ] && echo masking.ablate_image=true)
+  port=$((port + 1))
+done
 log "${#names[@]} runs started"
 step_of() { tr '\r' '\n' < "runs/long_$1.log" | grep -oE '[0-9]+/[0-9]+ \[' | tail -1 | cut -d/ -f1; }
 alive() { local n; for n in "${names[@]}"; do kill -0 "${pid[$n]}" 2>/dev/null && return 0; done; return 1; }
@@ -80,12 +91,13 @@ while alive; do
     for n in "${names[@]}"; do kill -TERM "${pid[$n]}" 2>/dev/null; done; sleep 15
     pkill -KILL -f launch/pretrain.sh; break
   fi
-  if [ -z "$shed" ] && [ $((SECONDS - T0)) -gt "$SHED_AT" ]; then
+  if [ -z "$shed" ] && [ -n "$SHED_RUN" ] && [ $((SECONDS - T0)) -gt "$SHED_AT" ]; then
     shed=checked
-    for n in m01 m01_control m003 m003_control; do
-      s=$(step_of $n); if [ "${s:-0}" -lt "$SHED_STEP" ] && kill -0 "${pid[$n]}" 2>/dev/null; then shed=yes; fi
+    for n in "${names[@]}"; do
+      [ "$n" = "$SHED_RUN" ] && continue
+      s=$(step_of "$n"); if [ "${s:-0}" -lt "$SHED_STEP" ] && kill -0 "${pid[$n]}" 2>/dev/null; then shed=yes; fi
     done
-    [ "$shed" = yes ] && { log "behind pace: stopping the 0.01 redraw"; kill -TERM "${pid[m001]}"; }
+    [ "$shed" = yes ] && { log "behind pace: stopping $SHED_RUN"; kill -TERM "${pid[$SHED_RUN]}"; }
   fi
   [ $(((SECONDS - T0) % 60)) -lt 10 ] && log "steps: $(for n in "${names[@]}"; do echo -n "$n $(step_of $n)  "; done)"
 done
@@ -112,7 +124,7 @@ for p in "${diags[@]}"; do wait "$p"; done
 log "full diagnostics done"
 snap
 diags=()
-for n in m01 m01_control m003 m003_control; do diag "${n}_colour" "runs/long_$n/export" phrase_words=colour sweep=[]; done
+for n in $COLOUR_RUNS; do diag "${n}_colour" "runs/long_$n/export" phrase_words=colour sweep=[]; done
 for p in "${diags[@]}"; do wait "$p"; done
 log "diagnostics done"
 grep -h "vision-for-language" runs/v4l_*.log
