@@ -38,7 +38,8 @@ source "$here/_signals.sh"
 run_module() {  # module, then its arguments; SIGTERM/SIGINT reach the training processes (_signals.sh)
   local module="$1"; shift
   if [ "$gpus" -gt 0 ]; then
-    forward_signals ranks deepspeed --num_gpus "$gpus" --module "$module" "$@"
+    # MASTER_PORT: two finetunes on one node (e.g. launch/table4.sh's tasks side by side on one GPU) need two ports
+    forward_signals ranks deepspeed --num_gpus "$gpus" --master_port "${MASTER_PORT:-29500}" --module "$module" "$@"
   else
     forward_signals direct python -m "$module" "$@"
   fi

@@ -11,6 +11,8 @@
 #   finetune runs go to $OUT/<task>/<init>; each writes metrics_<split>.json and its per-example predictions beside
 #   it. FINETUNE_ARGS: overrides for every finetune run (the same budget for all, e.g. "epochs=0.5"); each task's
 #   own budget is its launcher's default (launch/configs/<task>_demo.yaml: the frozen detector, <= 10 min).
+#   PRETRAIN_ARGS: overrides for every pretraining run (on one GPU "data.caption_batch_size=8 data.text_batch_size=8":
+#   the CPU recipe's global batch of 2 ranks x (4 + 4)). MASTER_PORT: a port of its own per instance side by side.
 # Ends with `python -m finetune.table4`: the table with 95% intervals by image, the paired differences from
 #   `none`, and the plot, under $OUT/report.
 set -euo pipefail
@@ -47,7 +49,7 @@ for init in "${inits[@]}"; do
     echo "== table4: pretraining '$init' into $dir" >&2
     # shellcheck disable=SC2046
     bash launch/pretrain.sh --config launch/configs/demo_long.yaml engine.run_dir="$dir" \
-      $(pretrain_overrides "$init")
+      $(pretrain_overrides "$init") ${PRETRAIN_ARGS:-}
   fi
 done
 
