@@ -6,12 +6,9 @@
 # `bash docs/grounding_demo/gpu_s33/bench.sh` with .dev carried; the bench itself was checked on a CPU at a tiny preset.
 set -u
 OUT="${OUT:-/tmp/out_s33b}"; mkdir -p "$OUT"
-if [ -z "${SKIP_SETUP:-}" ]; then
-  [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .dev/whl/*.whl || exit 3
-  export PYTHONPATH="/tmp/site:$PWD" PATH="/tmp/site/bin:$PATH"
-fi
-python3 -c "import torch; print(torch.cuda.is_available())" | grep -q True && export DS_ACCELERATOR=cuda
+LOG_TAG=bench
+# shellcheck source=docs/grounding_demo/gpu_s33/device_setup.sh
+source docs/grounding_demo/gpu_s33/device_setup.sh
 # shellcheck disable=SC2086
 python3 -m bench.gpu_step --sizes ${SIZES:-base large} --steps "${STEPS:-6}" --repeats "${REPEATS:-5}" \
   --engine-stages 2 --engine-precisions bf16 bf16_autocast --tokenizer .dev/tok --out "$OUT/gpu_step_s33.json" \

@@ -26,7 +26,6 @@ SHED_RUN="${SHED_RUN-m001}"
 COLOUR_RUNS="${COLOUR_RUNS-m01 m01_control m003 m003_control}"   # also diagnosed on colour words alone
 names=()
 for r in $RUNS; do names+=("${r%%=*}"); done
-log() { echo "[s33 $((SECONDS - T0)) s] $*"; }
 snap() {
   # what comes back even if the call is cut off: logs, eval.jsonl, grounding tables, drift, diagnostics
   local files
@@ -34,24 +33,9 @@ snap() {
     runs/long_*/run_info.json runs/detector-demo-long/*.json runs/v4l_* 2>/dev/null)
   [ -n "$files" ] && tar czf "$OUT/.r.tgz" $files 2>/dev/null && mv "$OUT/.r.tgz" "$OUT/results.tgz"
 }
-export PYTHONUNBUFFERED=1
-if [ -z "${SKIP_SETUP:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/whl/*.whl \
-    || { log "pip install failed"; exit 3; }
-  python3 .dev/restore_minilm.py /tmp/site || exit 3
-  export PYTHONPATH="/tmp/site:$PWD" PATH="/tmp/site/bin:$PATH"
-fi
-python3 -c "import torch; print(torch.cuda.is_available())" | grep -q True && export DS_ACCELERATOR=cuda
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>/dev/null
-nproc
-python3 -c "
-import torch, torchvision, transformers, deepspeed, webdataset, sys
-print(sys.version.split()[0], torch.__version__, torchvision.__version__, transformers.__version__, deepspeed.__version__,
-      torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')
-import pretrain.run, diagnostics.ablation, pretrain.detector
-from shards.tokenizer import load_tokenizer
-print(load_tokenizer(None).tokenize('a red hexagon'))" || { log "import check failed"; exit 3; }
-log "setup done"
+LOG_TAG=s33
+# shellcheck source=docs/grounding_demo/gpu_s33/device_setup.sh
+source docs/grounding_demo/gpu_s33/device_setup.sh
 mkdir -p runs
 ( while sleep 20; do snap; done ) &
 snapper=$!
