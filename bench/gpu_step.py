@@ -199,12 +199,11 @@ def run_size(size: str, a, tokenizer) -> dict:
             for k, run in windows.items():
                 times[k].append(synced(run, dev) / a.steps)
         result["seconds_per_step"] = times
-        result["profile"] = device_profile(windows["plain"], a.steps, statistics.median(times["plain"])) \
-            if a.profile else None
-        for k, engine in engines.items():
-            if a.profile:
-                result[f"profile_{k}"] = device_profile(lambda e=engine: engine_window(e, a.steps), a.steps,
-                                                        statistics.median(times[k]))
+        result["profile"] = None
+        if a.profile:
+            for k in ("plain", *engines):
+                result["profile" if k == "plain" else f"profile_{k}"] = device_profile(
+                    windows[k], a.steps, statistics.median(times[k]))
     finally:
         for engine in engines.values():
             engine.engine.destroy()

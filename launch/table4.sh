@@ -81,4 +81,5 @@ for task in $tasks; do
       ${FINETUNE_ARGS:-} --overwrite
   done
 done
-python -m finetune.table4 --runs "$out"
+# REPORT=0: no table at the end (instances side by side, one report once all are done)
+[ "${REPORT:-1}" = 0 ] || python -m finetune.table4 --runs "$out"
