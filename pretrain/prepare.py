@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     task = PretrainTask()
     parser = command_line(task)  # pretraining's own: whatever the run accepts, this accepts
     parser.description, parser.epilog = __doc__.split("\n\n")[0], __doc__
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     cfg = load_config(task.config_cls, args.config, run_overrides(args))
     for step in steps(cfg, sorted(Path().glob(WARMUPS))):
         print(step)

@@ -61,7 +61,9 @@ class Task:
 
 def command_line(task: Task) -> argparse.ArgumentParser:
     """The command line `run` parses for `task`: the shared flags, the task's own and key=value overrides (also
-    what a launcher's preparation reads, so that it accepts exactly what the run accepts)."""
+    what a launcher's preparation reads, so that it accepts exactly what the run accepts). Parse it with
+    `parse_intermixed_args`: a launcher puts its own overrides before the user's arguments, so a flag the user
+    gives first (`--eval-only`) lands between two runs of overrides, which `parse_args` refuses."""
     parser = argparse.ArgumentParser(description=task.description, epilog=task.doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser, task.config_help, task.overrides_example)
@@ -70,7 +72,7 @@ def command_line(task: Task) -> argparse.ArgumentParser:
 
 
 def run(task: Task, argv: list[str] | None = None) -> int:
-    args = command_line(task).parse_args(argv)
+    args = command_line(task).parse_intermixed_args(argv)
     cfg = load_config(task.config_cls, args.config, run_overrides(args))
     rank, world = init_distributed(args.local_rank, cfg.engine.dist_timeout_s)
     seed_rank(task.seed(cfg), rank)

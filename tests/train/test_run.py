@@ -85,6 +85,13 @@ def test_a_task_with_nothing_to_train_goes_straight_to_finish(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_a_flag_between_overrides_as_a_launcher_places_it(tmp_path):
+    """`bash launch/finetune_retrieval.sh --eval-only ...` runs `... engine.run_dir=X --eval-only ...`: the flag
+    between two runs of overrides is read, and the overrides on both sides of it too."""
+    seen = toy(tmp_path, "engine.steps=2", "--eval-only", f"engine.run_dir={tmp_path / 'run'}")
+    assert seen["trained"] is None and seen["steps"] == 2
+
+
 def test_a_failing_rank_exits_with_its_traceback_instead_of_waiting_in_teardown(tmp_path):
     """An unexpected exception after the process group is up: the traceback, exit code 1, and no wait for what
     the interpreter's teardown would wait for (here a non-daemon thread sleeping an hour)."""
