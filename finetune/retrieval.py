@@ -173,13 +173,14 @@ def two_stage(first: np.ndarray, second: np.ndarray, shortlisted: np.ndarray) ->
 
 
 @torch.no_grad()
-def first_stage_similarity(model: RetrievalModel, data, gallery: dict, visual, chunk: int, device) -> np.ndarray:
-    """[captions, images] cosine similarities of the split's captions alone and its gallery's images alone."""
+def first_stage_similarity(model: RetrievalModel, data, gallery: dict, visual, regions: np.ndarray, chunk: int,
+                           device) -> np.ndarray:
+    """[captions, images] cosine similarities of the split's captions alone and its gallery's images alone
+    (`regions`: each gallery image's region count, on the host)."""
     images = []
     for start in range(0, gallery["box_mask"].shape[0], chunk):
         part = slice(start, start + chunk)
-        box_mask = gallery["box_mask"][part].cpu()
-        count = with_positions({"a_mask": box_mask[:, :0], "box_mask": box_mask})["real_positions"]
+        count = pairs_positions(np.zeros_like(regions[part]), regions[part])  # no words: [CLS] [SEP] and the image
         images.append(model.image_embeddings(gallery["boxes"][part], gallery["box_mask"][part],
                                              tuple(v[part] for v in visual), count))
     images = torch.cat(images)
@@ -268,8 +269,12 @@ class RetrievalModel(nn.Module):
             for layer in (self.text_projection, self.image_projection):
                 nn.init.normal_(layer.weight, std=std)
                 nn.init.zeros_(layer.bias)
-            # ALBEF's start, kept in [0.001, 0.5]; one element, not 0-d: DeepSpeed broadcasts parameters as bytes
+            # ALBEF's start; one element, not 0-d: DeepSpeed broadcasts parameters as bytes
             self.temperature = nn.Parameter(torch.full((1,), 0.07))
+
+    def itc_temperature(self) -> torch.Tensor:
+        """The learnt temperature as the contrastive loss and the ranking use it: kept in ALBEF's [0.001, 0.5]."""
+        return self.temperature.clamp(0.001, 0.5)
 
     def caption_embeddings(self, a_ids: torch.Tensor, a_mask: torch.Tensor) -> torch.Tensor:
         """[B, embed_size] unit vectors of captions alone: `[CLS] caption [SEP]`, the text-only sequence
@@ -316,7 +321,7 @@ class RetrievalModel(nn.Module):
         if self.first_stage == "itc":  # the hard negatives: the contrastive first stage's most similar others
             similarity = self.caption_embeddings(batch["a_ids"], batch["a_mask"]) @ self.image_embeddings(
                 batch["boxes"], batch["box_mask"], visual, host_count(batch, None, rows)).T
-            itc = itc_loss(similarity, image, self.temperature.clamp(0.001, 0.5))
+            itc = itc_loss(similarity, image, self.itc_temperature())
             hard_images, hard_captions = hardest_others(similarity.detach(), image, k)
             right = (image[similarity.detach().argmax(1)] == image).float().mean()
             extra = {"loss/itc": itc.detach(), "acc/itc_text_to_image": right,
@@ -401,17 +406,19 @@ class RetrievalTask(TaskSpec, name="retrieval", config=RetrievalConfig):
         caption_image = np.array([image for image, _ in data.items])
         metrics = {"split": cfg.eval_split, "images": n_images, "captions": n_captions}
         if model.first_stage == "itc" and cfg.shortlist > 0:
-            first = first_stage_similarity(model, data, gallery, visual, cfg.pair_batch_size, device)
+            first = first_stage_similarity(model, data, gallery, visual, regions, cfg.pair_batch_size, device)
             by_caption, by_image = shortlists(first, cfg.shortlist)
             cross = cross_scores(model, data, gallery, visual, by_caption | by_image, regions, cfg.pair_batch_size,
                                  f"retrieval: re-ranking {cfg.eval_split}'s shortlists")
             # a shortlisted pair's score: the cross-encoder's logit plus the first stage's (its cosine over the
             # learnt temperature), both trained in softmaxes over candidates, so their sum is the product of the two
             # experts (BLIP adds the bare cosine); the cross-encoder alone is reported beside it
-            fused = cross + first / float(model.temperature.clamp(0.001, 0.5))
+            fused = cross + first / float(model.itc_temperature())
             scores = {"text_to_image": two_stage(first, fused, by_caption),
                       "image_to_text": two_stage(first, fused, by_image)}
             alone = recalls(first, caption_image)
+            image_reached = np.zeros(n_images, dtype=bool)  # any of the image's captions in its shortlist
+            np.logical_or.at(image_reached, caption_image, by_image[np.arange(n_captions), caption_image])
             cross_only = {"text_to_image": recalls(two_stage(first, cross, by_caption), caption_image),
                           "image_to_text": recalls(two_stage(first, cross, by_image), caption_image)}
             metrics["first_stage"] = {
@@ -420,8 +427,7 @@ class RetrievalTask(TaskSpec, name="retrieval", config=RetrievalConfig):
                 # how often the right item reached the re-ranking at all: the two-stage recall's ceiling
                 "right_in_shortlist": {
                     "text_to_image": round(100 * float(by_caption[np.arange(n_captions), caption_image].mean()), 2),
-                    "image_to_text": round(100 * float(np.mean([by_image[caption_image == m, m].any()
-                                                                for m in range(n_images)])), 2)},
+                    "image_to_text": round(100 * float(image_reached.mean()), 2)},
                 **{direction: {f"R@{k}": round(100 * float(hit.mean()), 2) for k, hit in by_k.items()}
                    for direction, by_k in alone.items()},
                 "cross_encoder_only": {direction: {f"R@{k}": round(100 * float(hit.mean()), 2)
