@@ -4,7 +4,7 @@ one config without importing one another. The diagnostics' settings are `diagnos
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from diagnostics.config import DiagnosticConfig, GroundingConfig
 from model.config import model_config
@@ -15,6 +15,8 @@ from train.engine import EngineConfig, OptimConfig
 
 from .masking import MaskingConfig
 from .tasks import LossConfig
+
+DETECTOR_PREFIX = "fast_rcnn."  # the Fast R-CNN's parameters, as `optim.lr_multipliers` keys name them
 
 
 @dataclass
@@ -52,6 +54,16 @@ class PretrainConfig:
     # and attribute accuracy next to the warm-up's (detector drift; printed, eval.jsonl, TensorBoard); None = off
     detector_drift: str | None = None
 
+
+
+def build_optim_config(cfg: PretrainConfig) -> OptimConfig:
+    """`cfg.optim`, with the image-ablated control's Fast R-CNN at `masking.ablate_image_cnn_lr` of the LR: first
+    among the multipliers, so it wins over any the config sets for the detector or its parts."""
+    rate = cfg.masking.ablate_image_cnn_lr
+    if not cfg.masking.ablate_image or rate is None:
+        return cfg.optim
+    others = {k: v for k, v in cfg.optim.lr_multipliers.items() if k != DETECTOR_PREFIX}
+    return replace(cfg.optim, lr_multipliers={DETECTOR_PREFIX: float(rate), **others})
 
 
 def build_model_config(cfg: PretrainConfig):

@@ -51,6 +51,11 @@ class MaskingConfig:
     # image then (the model's `region_geometry: whole_image`, unless the config sets it): the boxes are the
     # image's layout, and a control that keeps them reads size from them (docs/ABLATION.md, session 23).
     ablate_image: bool = False
+    # The control's Fast R-CNN at this multiple of the LR (None: the run's own `optim.lr_multipliers`). 0 freezes it
+    # as the warm-up left it: its input carries nothing, and every step it takes fits grey images, so at the grounded
+    # recipe's 0.1 its detector fell to chance (object 0.12) and the diagnostic then read real images through a CNN
+    # the model never had (docs/ABLATION.md, sessions 33 and 35)
+    ablate_image_cnn_lr: float | None = 0.0
 
 
 def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import entry_point, to_device, usable_cores
 from train.run import Task, Training, run
 
-from .config import PretrainConfig, build_model_config
+from .config import PretrainConfig, build_model_config, build_optim_config
 from .detector import DetectorConfig, drift
 from .masking import PretrainMasker
 from .tasks import VLBertPretraining
@@ -127,6 +127,7 @@ class PretrainTask(Task):
         if cfg.region_words:
             cfg.model = deep_merge(cfg.model, region_word_updates(cfg.region_words, tokenizer, cfg.region_word_groups))
         model_cfg = build_model_config(cfg)
+        cfg.optim = build_optim_config(cfg)  # the Engine reads cfg.optim after build
         model = VLBertForPretraining(model_cfg)
         if cfg.mlm_head_init not in ("random", "readout"):
             raise ValueError(f"mlm_head_init: '{cfg.mlm_head_init}' is not random or readout")

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from model.config import load_config
+from pretrain.config import build_optim_config
 from pretrain.run import PretrainConfig, build_model_config
+from train.engine import param_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +47,37 @@ def test_the_image_ablated_control_reads_no_boxes():
     assert build_model_config(control).region_geometry == "whole_image"
     kept = load_config(PretrainConfig, demo, ["masking.ablate_image=true", "model.region_geometry=boxes"])
     assert build_model_config(kept).region_geometry == "boxes"
+
+
+def test_the_image_ablated_control_freezes_its_detector():
+    """The control's Fast R-CNN trains at masking.ablate_image_cnn_lr of the LR (0: frozen) whatever the config's
+    multiplier for it; the other multipliers and the model's run are untouched; null keeps the config's."""
+    import torch
+
+    demo_long = ROOT / "launch/configs/demo_long.yaml"
+    module = torch.nn.ModuleDict({"vl_bert": torch.nn.ModuleDict({"fast_rcnn": torch.nn.Linear(3, 3),
+                                                                  "encoder": torch.nn.Linear(3, 3)})})
+    detector, encoder = module["vl_bert"]["fast_rcnn"].weight, module["vl_bert"]["encoder"].weight
+
+    def rates(overrides):
+        multipliers = "optim.lr_multipliers={fast_rcnn.: 0.1, encoder.: 0.5}"
+        cfg = load_config(PretrainConfig, demo_long, overrides + [multipliers])
+        groups = param_groups(module, 0.01, lr=1.0, lr_multipliers=build_optim_config(cfg).lr_multipliers)
+        by_id = {id(p): g.get("lr", 1.0) for g in groups for p in g["params"]}
+        return by_id[id(detector)], by_id[id(encoder)]
+
+    assert rates([]) == pytest.approx((0.1, 0.5))
+    assert rates(["masking.ablate_image=true"]) == pytest.approx((0.0, 0.5))
+    assert rates(["masking.ablate_image=true", "masking.ablate_image_cnn_lr=0.03"]) == pytest.approx((0.03, 0.5))
+    assert rates(["masking.ablate_image=true", "masking.ablate_image_cnn_lr=null"]) == pytest.approx((0.1, 0.5))
+    # a group at rate 0 does not move under AdamW (weight decay is scaled by the rate too)
+    cfg = load_config(PretrainConfig, demo_long, ["masking.ablate_image=true"])
+    before = detector.detach().clone(), encoder.detach().clone()
+    opt = torch.optim.AdamW(param_groups(module, 0.01, lr=1e-2, lr_multipliers=build_optim_config(cfg).lr_multipliers),
+                            lr=1e-2)
+    module["vl_bert"]["encoder"](module["vl_bert"]["fast_rcnn"](torch.ones(2, 3))).sum().backward()
+    opt.step()
+    assert torch.equal(detector, before[0]) and not torch.equal(encoder, before[1])
 
 
 def test_ablation_sh_passes_arguments_through(tmp_path):
