@@ -32,6 +32,7 @@ PURPOSES = (
     "demo refcoco",       # one demo image's referring expressions
     "demo retrieval",     # one demo image's retrieval captions
     "bench pools",        # bench/padding.py's length pools
+    "image shuffle",      # the shuffled-image control's pairing of captions with images (pretrain/masking.py)
 )
 
 
