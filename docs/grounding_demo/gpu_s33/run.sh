@@ -7,10 +7,15 @@
 # only for the pairs) on each export.
 # Ran from the repository root as `bash docs/grounding_demo/gpu_s33/run.sh` with .dev carried (built by
 # docs/grounding_demo/gpu_s32/prepare_carry.sh).
-# Other runs: RUNS="name=multiplier[:ablate] ..." (a multiplier of 0 freezes the CNN), SHED_RUN (stopped if the others
+# Other runs: RUNS="name=multiplier[:ablate|:shuffle] ..." (a multiplier of 0 freezes the CNN; since session 35 an
+# :ablate control's CNN is frozen whatever its multiplier, masking.ablate_image_cnn_lr; :shuffle is the
+# shuffled-image control, masking.shuffle_images), SHED_RUN (stopped if the others
 # fall behind; empty: none), COLOUR_RUNS. Session 33's next check, the 0.1 model against a control with its CNN frozen:
 #   RUNS="m01=0.1 m01_control_frozen=0:ablate m001=0.01 m001_control=0.01:ablate" SHED_RUN= \
 #   COLOUR_RUNS="m01 m01_control_frozen m001 m001_control" bash docs/grounding_demo/gpu_s33/run.sh
+# (run in session 35). Session 35's next check, the 0.1 model against the shuffled-image control and the frozen grey one:
+#   RUNS="m01=0.1 m01_shuffled=0.1:shuffle m01_control=0.1:ablate" SHED_RUN= \
+#   COLOUR_RUNS="m01 m01_shuffled m01_control" bash docs/grounding_demo/gpu_s33/run.sh
 # Rehearsal on a CPU: SKIP_SETUP=1 WARMUP_EXTRA="epochs=0.02" TRAIN_EXTRA="engine.steps=4 engine.eval_every=2" \
 #   DIAG_EXTRA=max_examples=20 DEADLINE_TRAIN=3000 DEADLINE_DIAG=3600 bash docs/grounding_demo/gpu_s33/run.sh
 set -u
@@ -60,8 +65,12 @@ launch() {  # name port multiplier extra...: started in this shell (not a subshe
 port=29511
 for r in $RUNS; do
   spec=${r#*=}
-  # shellcheck disable=SC2046
-  launch "${r%%=*}" $port "${spec%%:*}" $([ "${spec#*:}" = ablate ] && echo masking.ablate_image=true)
+  extra=()
+  case "$spec" in
+    *:ablate) extra=(masking.ablate_image=true) ;;
+    *:shuffle) extra=(masking.shuffle_images=true) ;;
+  esac
+  launch "${r%%=*}" $port "${spec%%:*}" "${extra[@]}"
   port=$((port + 1))
 done
 log "${#names[@]} runs started"
