@@ -80,6 +80,8 @@ class PretrainMasker:
                  pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
                  region_word_ids: list[int] | None = None):
         """region_word_ids: the first word-piece of each class / attribute name (masking.region_word_probability)."""
+        if cfg.shuffle_images and cfg.ablate_image:  # here, not in the loader's workers at the first batch
+            raise ValueError("masking: shuffle_images and ablate_image are two controls; set one")
         self.cfg = cfg
         self.grey = grey_of(pixel_mean)
         self.num_classes = num_classes
@@ -216,8 +218,6 @@ class PretrainMasker:
         if "caption" in batch:
             caption = batch["caption"]
             if self.cfg.shuffle_images:
-                if self.cfg.ablate_image:
-                    raise ValueError("masking: shuffle_images and ablate_image are two controls; set one")
                 caption = self.shuffled_images(caption, batch["index"])
             out["caption"] = self.caption(caption, g)
             out["caption"]["keys"] = batch["caption"]["keys"]

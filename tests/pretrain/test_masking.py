@@ -169,7 +169,7 @@ def test_shuffled_image_control_pairs_each_caption_with_another_image():
     with pytest.raises(ValueError, match="caption_batch_size"):
         PretrainMasker(MaskingConfig(shuffle_images=True), tok, **kw)(caption_batch(b=1))
     with pytest.raises(ValueError, match="two controls"):
-        PretrainMasker(MaskingConfig(shuffle_images=True, ablate_image=True), tok, **kw)(batch)
+        PretrainMasker(MaskingConfig(shuffle_images=True, ablate_image=True), tok, **kw)
 
 
 def test_80_10_10_is_drawn_once_per_word(masker):
