@@ -321,11 +321,12 @@ class RetrievalModel(nn.Module):
         if self.first_stage == "itc":  # the hard negatives: the contrastive first stage's most similar others
             similarity = self.caption_embeddings(batch["a_ids"], batch["a_mask"]) @ self.image_embeddings(
                 batch["boxes"], batch["box_mask"], visual, host_count(batch, None, rows)).T
-            itc = itc_loss(similarity, image, self.itc_temperature())
+            temperature = self.itc_temperature()
+            itc = itc_loss(similarity, image, temperature)
             hard_images, hard_captions = hardest_others(similarity.detach(), image, k)
             right = (image[similarity.detach().argmax(1)] == image).float().mean()
             extra = {"loss/itc": itc.detach(), "acc/itc_text_to_image": right,
-                     "itc/temperature": self.temperature.detach()[0]}
+                     "itc/temperature": temperature.detach()[0]}
         else:
             with torch.no_grad():  # the hard negatives: every caption of the batch against every image
                 detached = tuple(v.detach() for v in visual)
@@ -359,6 +360,10 @@ def random_recall(k: int, relevant: np.ndarray, total: int) -> float:
     if k >= total:
         return 1.0
     return float(np.mean([1.0 - math.comb(total - int(r), k) / math.comb(total, k) for r in relevant]))
+
+
+def percent(hits: np.ndarray) -> float:
+    return round(100 * float(hits.mean()), 2)
 
 
 def recalls(scores: np.ndarray, caption_image: np.ndarray) -> dict:
@@ -425,14 +430,11 @@ class RetrievalTask(TaskSpec, name="retrieval", config=RetrievalConfig):
                 "shortlist": cfg.shortlist, "pairs_scored": int((by_caption | by_image).sum()),
                 "pairs_all": n_captions * n_images,
                 # how often the right item reached the re-ranking at all: the two-stage recall's ceiling
-                "right_in_shortlist": {
-                    "text_to_image": round(100 * float(by_caption[np.arange(n_captions), caption_image].mean()), 2),
-                    "image_to_text": round(100 * float(image_reached.mean()), 2)},
-                **{direction: {f"R@{k}": round(100 * float(hit.mean()), 2) for k, hit in by_k.items()}
-                   for direction, by_k in alone.items()},
-                "cross_encoder_only": {direction: {f"R@{k}": round(100 * float(hit.mean()), 2)
-                                                   for k, hit in cross_only[direction][direction].items()}
-                                       for direction in cross_only}}
+                "right_in_shortlist": {"text_to_image": percent(by_caption[np.arange(n_captions), caption_image]),
+                                       "image_to_text": percent(image_reached)},
+                **{direction: {f"R@{k}": percent(hit) for k, hit in by_k.items()} for direction, by_k in alone.items()},
+                "cross_encoder_only": {direction: {f"R@{k}": percent(hit) for k, hit in by_k[direction].items()}
+                                       for direction, by_k in cross_only.items()}}
         else:
             cross = cross_scores(model, data, gallery, visual, np.ones((n_captions, n_images), dtype=bool), regions,
                                  cfg.pair_batch_size, f"retrieval: ranking {cfg.eval_split}")
