@@ -56,11 +56,13 @@ class MaskingConfig:
     # recipe's 0.1 its detector fell to chance (object 0.12) and the diagnostic then read real images through a CNN
     # the model never had (docs/ABLATION.md, sessions 33 and 35)
     ablate_image_cnn_lr: float | None = 0.0
-    # A second control: each caption is shown another image of its batch (a random cyclic shift, so none keeps its
-    # own; the image's boxes, classes and detector scores go with it), drawn from a stream of its own so the words
-    # and regions masked are the treatment's. The model pretrains on real pixels that say nothing of the caption:
-    # at evaluation real images are in its distribution, where the grey control meets them for the first time
-    # (whose V4L then measures that, docs/ABLATION.md sessions 25 and 35). Boxes and the CNN's LR stay the run's.
+    # A second control: each caption is shown another image of its length pool (any other with equal chance; the
+    # image's boxes, classes and detector scores go with it; the reader pairs them, `shards.reader.MixedStream`),
+    # batched by its own lengths, so its batch holds the treatment's captions, masked as theirs. Not a neighbour of
+    # its batch: those share its region count and orientation (region counts correlate 0.68 on the demo), which a
+    # caption's number words can read (docs/ABLATION.md, session 36). The model pretrains on real pixels that say
+    # nothing of the caption: at evaluation real images are in its distribution, where the grey control meets them
+    # for the first time (whose V4L then measures that, sessions 25 and 35). Boxes and the CNN's LR stay the run's.
     shuffle_images: bool = False
 
 
@@ -147,17 +149,6 @@ class PretrainMasker:
         out = self._text_inputs(batch["input_ids"], batch["attention_mask"], g)
         return {**out, "real_positions": real_positions(out["text_mask"])}
 
-    def shuffled_images(self, batch: dict, index: int) -> dict:
-        """`batch` with every image-side field moved by one random cyclic shift of 1..B-1 along the batch."""
-        b = batch["input_ids"].shape[0]
-        if b < 2:
-            raise ValueError("masking.shuffle_images pairs each caption with another image of its batch: "
-                             f"data.caption_batch_size must be >= 2 per rank, got {b}")
-        shift = int(torch.randint(1, b, (1,), generator=torch_generator(self.seed, "image shuffle", self.rank, index)))
-        order = (torch.arange(b) + shift) % b
-        text_side = ("keys", "input_ids", "attention_mask")
-        return {k: v if k in text_side or not isinstance(v, torch.Tensor) else v[order] for k, v in batch.items()}
-
     def caption(self, batch: dict, g: torch.Generator) -> dict:
         c = self.cfg
         ids, valid = batch["input_ids"], batch["attention_mask"].clone()
@@ -216,10 +207,7 @@ class PretrainMasker:
         g = self.generator(batch["index"])
         out = {k: v for k, v in batch.items() if k not in ("caption", "text")}
         if "caption" in batch:
-            caption = batch["caption"]
-            if self.cfg.shuffle_images:
-                caption = self.shuffled_images(caption, batch["index"])
-            out["caption"] = self.caption(caption, g)
+            out["caption"] = self.caption(batch["caption"], g)
             out["caption"]["keys"] = batch["caption"]["keys"]
         if "text" in batch:
             out["text"] = self.text(batch["text"], g)

@@ -145,7 +145,8 @@ class PretrainTask(Task):
                                 region_word_ids=[name[0] for name in (model_cfg.region_class_words or [])[1:]
                                                  + (model_cfg.region_attribute_words or [])
                                                  + (model_cfg.region_size_words or [])])
-        loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker)
+        loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker,
+                              shuffle_images=cfg.masking.shuffle_images)
         evaluators = []
         if cfg.diagnostic is not None and cfg.engine.eval_every:
             diagnostic = PeriodicDiagnostic(cfg.diagnostic, tokenizer, model_cfg.fast_rcnn.num_classes,

@@ -33,15 +33,34 @@ def length_groups(lengths: list, size: int, rng: random.Random) -> list[list[int
     return groups
 
 
+CAPTION_SIDE = ("key", "input_ids")  # of a caption sample; every other field is its image's
+
+
+def paired_with_other_images(samples: list[dict], rng: random.Random) -> list[dict]:
+    """Each caption sample's caption with the image side (pixels or features, boxes, classes, scores) of another
+    sample of the list: one random cycle through all of them, so none keeps its own image and its partner is any
+    other sample with equal chance."""
+    n = len(samples)
+    if n < 2:
+        raise ValueError(f"pairing captions with other images needs at least 2 samples in a pool, got {n}")
+    cycle = list(range(n))
+    rng.shuffle(cycle)
+    partner = {cycle[j]: cycle[(j + 1) % n] for j in range(n)}
+    return [{**samples[partner[i]], **{k: samples[i][k] for k in CAPTION_SIDE}} for i in range(n)]
+
+
 class _Batches:
     """A source's samples as batches: `size` at a time, or (pool > 1) length-grouped pools of `pool` batches.
     `state` is where a restarted role resumes: the source position of the current pool's start, the
     pool's number and how many of its batches were delivered; inside a pool also what a different world size
     needs to re-deal it (`elastic_positions`): the records of its batches not yet delivered and the source
-    position after it was filled."""
+    position after it was filled. `shuffle_images`: each caption is handed out with another sample's image from its
+    pool (`paired_with_other_images`), batched by its own lengths, so its batch's captions are the unpaired run's."""
 
-    def __init__(self, source: _Source, size: int, pool: int, length, seed: int, state: dict | None):
+    def __init__(self, source: _Source, size: int, pool: int, length, seed: int, state: dict | None,
+                 shuffle_images: bool = False):
         self.source, self.size, self.pool, self.length, self.seed = source, size, max(1, pool), length, seed
+        self.shuffle_images = shuffle_images
         state = state or {"source": source.state, "pool": 0, "done": 0}
         self.start, self.pool_index, self.done = source_position(state["source"]), state["pool"], state["done"]
         self._group_keys: list[list[list]] = []  # [url, member] of each sample of the pool's batches
@@ -70,6 +89,9 @@ class _Batches:
             else:
                 groups = [list(range(len(samples)))]
             self._group_keys = [[keys[i] for i in group] for group in groups]
+            if self.shuffle_images:
+                samples = paired_with_other_images(
+                    samples, python_rng(self.seed, "image shuffle", self.source.role, self.pool_index))
             for group in groups[self.done:]:
                 self.done += 1
                 if self.done == len(groups):  # the pool is used up: resume after it

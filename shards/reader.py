@@ -122,13 +122,19 @@ def _dist_rank_world() -> tuple[int, int]:
 
 
 class MixedStream(IterableDataset):
-    """Yields batches of `caption_batch_size` caption samples and `text_batch_size` text samples."""
+    """Yields batches of `caption_batch_size` caption samples and `text_batch_size` text samples.
+
+    `shuffle_images` (a control for pretraining): each caption comes with the image of another caption sample of
+    its length pool, any other with equal chance; batches are cut by the captions' own lengths, so they hold the
+    same captions as without it. Drawn across the pool, not the batch: a batch's samples have about the same
+    region count and orientation, which a caption would read off a batch neighbour's image."""
 
     def __init__(self, cfg: StreamConfig, rank: int | None = None, world_size: int | None = None,
-                 transform=None):
+                 transform=None, shuffle_images: bool = False):
         super().__init__()
         self.cfg = cfg
         self.transform = transform  # applied to each batch in the worker (e.g. pretraining's masking)
+        self.shuffle_images = shuffle_images
         if rank is None or world_size is None:
             rank, world_size = _dist_rank_world()
         self.rank, self.world_size = rank, world_size
@@ -157,7 +163,7 @@ class MixedStream(IterableDataset):
         state = self.role_states.get(worker_role, {})
         seed = cfg.seed
 
-        def source(urls, decode, name, size, length):
+        def source(urls, decode, name, size, length, shuffle_images=False):
             if not urls:
                 return None
             skips = SkipLog(f"{name} samples", max_bad_fraction=cfg.max_bad_fraction, min_seen=cfg.min_seen)
@@ -166,9 +172,10 @@ class MixedStream(IterableDataset):
                 saved = {"source": saved, "pool": 0, "done": 0}
             src = _Source(urls, role, parts, seed, cfg.shuffle_buffer, decode, skips, cfg.epochs,
                           source_position(saved["source"]) if saved else None)
-            return _Batches(src, size, cfg.length_buckets, length, seed, saved)
+            return _Batches(src, size, cfg.length_buckets, length, seed, saved, shuffle_images)
 
-        captions = source(self.caption_urls, CaptionDecoder(cfg), "caption", cfg.caption_batch_size, caption_length)
+        captions = source(self.caption_urls, CaptionDecoder(cfg), "caption", cfg.caption_batch_size, caption_length,
+                          self.shuffle_images)
         texts = source(self.text_urls, decode_text, "text", cfg.text_batch_size, text_length)
         cap_it = iter(captions) if captions else None
         txt_it = iter(texts) if texts else None
@@ -236,9 +243,9 @@ class StreamLoader:
     """
 
     def __init__(self, cfg: StreamConfig, rank: int | None = None, world_size: int | None = None,
-                 pin_memory: bool = False, prefetch_factor: int = 2, transform=None):
+                 pin_memory: bool = False, prefetch_factor: int = 2, transform=None, shuffle_images: bool = False):
         self.cfg = cfg
-        self.dataset = MixedStream(cfg, rank, world_size, transform)
+        self.dataset = MixedStream(cfg, rank, world_size, transform, shuffle_images)
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.next_index = 0

@@ -140,36 +140,11 @@ def test_image_always_ablated_control_sees_only_the_mean_colour():
     assert not torch.equal(batch["caption"]["images"], out["images"])
 
 
-def test_shuffled_image_control_pairs_each_caption_with_another_image():
-    """masking.shuffle_images: caption i gets image (i + s) % B for one shift 0 < s < B, with that image's boxes,
-    classes and detector scores; the words and regions masked are the treatment's."""
-    tok = load_tokenizer(None)
-    kw = dict(cls_id=101, sep_id=102, mask_id=103, num_classes=9)
-    b = 6
-    batch = caption_batch(b=b, n=5)
-    c = batch["caption"]
-    c["images"] = (torch.arange(b, dtype=torch.uint8) * 40).view(b, 1, 1, 1).expand(b, 3, 128, 128).clone()
-    c["input_ids"] = (2000 + torch.arange(b)).unsqueeze(1).expand(b, 12).clone()  # caption i: word 2000 + i
-    plain = PretrainMasker(MaskingConfig(mrc_zero_fraction=0.0), tok, **kw)(batch)
-    shuffled = PretrainMasker(MaskingConfig(mrc_zero_fraction=0.0, shuffle_images=True), tok, **kw)(batch)
-    out = shuffled["caption"]
-    source = out["images"][:, 0, 0, 0].long() // 40  # which image each caption was shown
-    shift = int(source[0])
-    assert 0 < shift < b and torch.equal(source, (torch.arange(b) + shift) % b)
-    for key in ("boxes", "box_classes"):
-        theirs = c[key][source]
-        mine = out["boxes"] if key == "boxes" else out["mrc_labels"]
-        if key == "boxes":
-            assert torch.equal(mine, theirs)
-        else:  # the MRC targets are the shown image's classes
-            assert torch.equal(mine, theirs.flatten()[out["mrc_positions"]])
-    for key in ("input_ids", "mlm_labels", "mrc_positions", "masked_regions"):
-        assert torch.equal(out[key], plain["caption"][key])
-    assert out["keys"] == c["keys"] and torch.equal(c["images"][:, 0, 0, 0].long() // 40, torch.arange(b))
-    with pytest.raises(ValueError, match="caption_batch_size"):
-        PretrainMasker(MaskingConfig(shuffle_images=True), tok, **kw)(caption_batch(b=1))
+def test_the_two_image_controls_exclude_each_other():
+    """The shuffled-image control's pairing is the reader's (tests/shards/test_reader.py); the masker refuses both."""
     with pytest.raises(ValueError, match="two controls"):
-        PretrainMasker(MaskingConfig(shuffle_images=True, ablate_image=True), tok, **kw)
+        PretrainMasker(MaskingConfig(shuffle_images=True, ablate_image=True), load_tokenizer(None), cls_id=101,
+                       sep_id=102, mask_id=103, num_classes=9)
 
 
 def test_80_10_10_is_drawn_once_per_word(masker):

@@ -437,3 +437,64 @@ def test_elastic_resume_refuses_missing_ranks_or_another_seed(corpus):
     with pytest.raises(ValueError, match="seed"):
         other = cfg_for(corpus, caption_batch_size=0, text_batch_size=1, epochs=2, seed=cfg.seed + 1)
         StreamLoader(other, rank=0, world_size=1).load_elastic(states)
+
+
+def marked_corpus(root, shards=4, per_shard=8):
+    """Caption sample i: 1 + i % 4 boxes of class i (the marker of its image), landscape when i is even."""
+    for s in range(shards):
+        samples = []
+        for i in range(s * per_shard, (s + 1) * per_shard):
+            k, (w, h) = 1 + i % 4, ((40, 30) if i % 2 == 0 else (30, 40))
+            samples.append({"key": f"{i:06d}", "caption": f"caption number {i}", "width": w, "height": h,
+                            "jpg": jpeg_bytes(w, h), "boxes": [[1.0, 2.0, 10.0 + j, 12.0] for j in range(k)],
+                            "classes": [i] * k, "scores": [0.5 + i / 100] * k})
+        write_caption_shard(root / f"marked-{s}.tar", samples)
+    return str(root / f"marked-{{0..{shards - 1}}}.tar")
+
+
+def test_shuffled_images_pair_each_caption_with_another_image_of_its_pool(tmp_path):
+    """shuffle_images (pretraining's second control): the batches hold the same captions as without it; each
+    caption is shown another sample's image, with that image's boxes, classes, scores and size; the images a pool's
+    batches show are that pool's, none its own caption's, and most come from outside the caption's batch (a batch's
+    neighbours share its region count: length pools sort by it)."""
+    pool, size = 4, 2
+    cfg = StreamConfig(caption_shards=marked_corpus(tmp_path), text_batch_size=0, caption_batch_size=size,
+                       shuffle_buffer=4, short_side=0, num_workers=0, epochs=1, length_buckets=pool)
+    plain = list(StreamLoader(cfg))
+    shuffled = list(StreamLoader(cfg, shuffle_images=True))
+    assert [b["caption"]["keys"] for b in shuffled] == [b["caption"]["keys"] for b in plain]
+    same_batch = rows = 0
+    for start in range(0, len(plain), pool):
+        own, shown = [], []
+        for p, s in zip(plain[start: start + pool], shuffled[start: start + pool], strict=True):
+            p, s = p["caption"], s["caption"]
+            assert torch.equal(s["input_ids"], p["input_ids"])
+            marks = [int(c[0]) for c in s["box_classes"]]
+            for row, (key, mark) in enumerate(zip(s["keys"], marks, strict=True)):
+                k = int(s["box_mask"][row].sum())
+                assert mark != int(key) and k == 1 + mark % 4
+                assert torch.equal(s["box_classes"][row, :k], torch.full((k,), mark))
+                assert s["box_scores"][row, 0].item() == pytest.approx(0.5 + mark / 100)
+                assert s["image_sizes"][row].tolist() == ([30, 40] if mark % 2 == 0 else [40, 30])
+                same_batch += str(mark).zfill(6) in s["keys"]
+                rows += 1
+            own += [int(k) for k in s["keys"]]
+            shown += marks
+        assert sorted(shown) == sorted(own)  # a permutation of the pool's own images
+    assert rows == 32 and same_batch < 0.4 * rows  # any of 7 others: 1 in 7 from the caption's batch
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        list(StreamLoader(replace(cfg, caption_batch_size=1, length_buckets=1), shuffle_images=True))
+
+
+def test_shuffled_images_resume_exactly(tmp_path):
+    cfg = StreamConfig(caption_shards=marked_corpus(tmp_path), text_batch_size=0, caption_batch_size=2,
+                       shuffle_buffer=4, short_side=0, num_workers=0, length_buckets=3)
+    reference = [b for _, b in zip(range(9), StreamLoader(cfg, shuffle_images=True), strict=False)]
+    first = StreamLoader(cfg, shuffle_images=True)
+    for _, _b in zip(range(4), first, strict=False):
+        pass
+    resumed = StreamLoader(cfg, shuffle_images=True)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for ref, got in zip(reference[4:], resumed, strict=False):
+        assert got["caption"]["keys"] == ref["caption"]["keys"]
+        assert torch.equal(got["caption"]["box_classes"], ref["caption"]["box_classes"])
