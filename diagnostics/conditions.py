@@ -1,6 +1,6 @@
 """The ablated inputs: what an ablated region becomes (`ablation_fill`), the vision-for-language conditions
-(none, object, object_masked, all, all_boxes, grey, text_only) and language-for-vision's (none, phrase, all),
-and one pass of the diagnostic over a model (`evaluate`)."""
+(none, object, object_masked, all, all_boxes, grey, other_image, text_only) and language-for-vision's (none,
+phrase, all), and one pass of the diagnostic over a model (`evaluate`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ LN2 = math.log(2.0)
 VISION_FOR_LANGUAGE = ("none", "object", "object_masked", "all")
 
 LANGUAGE_FOR_VISION = ("none", "phrase", "all")
+
+
+def other_image_rows(keys: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row, a row of the batch showing another image (the first row of the next image, in turn), and
+    whether there is one (a batch of one image has none). Rows of one image are the phrases of one image."""
+    first: dict = {}
+    for row, key in enumerate(keys):
+        first.setdefault(key, row)
+    images = list(first)
+    after = {key: first[images[(k + 1) % len(images)]] for k, key in enumerate(images)}
+    return torch.tensor([after[key] for key in keys]), torch.full((len(keys),), len(images) > 1)
 
 
 def _to(batch: dict, device) -> dict:
@@ -168,6 +179,17 @@ class Ablator:
             out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
                           visual_input=(appearance, boxes_norm))
             return self._phrase_bits(out, b)
+        elif condition == "other_image":
+            # another held-out image's pixels (or features), boxes and detector outputs: every input in the
+            # distribution a model pretrained on real images knows, only the match to the caption gone. The null for
+            # a control that saw real images unrelated to its captions (masking.shuffle_images), where `all`'s
+            # average features are new to it as real pixels are to the grey control (docs/ABLATION.md, session 36)
+            rows, scored = other_image_rows(b["keys"])
+            rows = rows.to(b["box_mask"].device)
+            visual = {k: v[rows] for k, v in self._visual_kwargs(b).items()}
+            out = self.vb(ids, mask, types, boxes=b["boxes"][rows], box_mask=b["box_mask"][rows], **visual)
+            bits = self._phrase_bits(out, b)
+            return torch.where(scored.to(bits.device), bits, torch.full_like(bits, float("nan")))
         elif condition == "grey":  # every pixel the pixel mean, boxes kept, no RoI-[MASK] token
             visual = self._visual_kwargs(b)
             if "images" not in visual:
@@ -178,7 +200,7 @@ class Ablator:
             return self._phrase_bits(out, b)
         else:
             raise ValueError(f"visual ablation '{condition}' is not none, object, object_masked, all, all_boxes, "
-                             "grey or text_only")
+                             "grey, other_image or text_only")
         out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
                       visual_input=self.visual(b, ablated, whole))
         return self._phrase_bits(out, b)

@@ -32,7 +32,8 @@ PURPOSES = (
     "demo refcoco",       # one demo image's referring expressions
     "demo retrieval",     # one demo image's retrieval captions
     "bench pools",        # bench/padding.py's length pools
-    "image shuffle",      # the shuffled-image control's pairing of captions with images (pretrain/masking.py)
+    "image shuffle",      # the shuffled-image control's pairing of captions with images (shards/batching.py)
+    "training images",    # the order a finetuning's `train_images` subset takes the training images in
 )
 
 

@@ -394,3 +394,22 @@ def test_periodic_evaluators_run_on_a_module_in_deepspeed_bf16_mode(demo_corpus)
     assert all(math.isfinite(v) for k, v in values.items() if not k.endswith("_n")), values
     for key in ("xmodal/v4l/none", "xmodal/v4l/all"):
         assert values[key] == pytest.approx(reference[key], rel=0.05), key
+
+
+def test_other_image_shows_each_phrase_the_next_image_of_its_batch():
+    """`other_image`: row i scored as `none` scores it when its pixels, image size, boxes and box mask are another
+    image's (built by hand here); a batch of one image scores nothing (NaN)."""
+    from diagnostics.conditions import other_image_rows
+
+    rows, scored = other_image_rows(["a", "a", "b", "c", "c"])
+    assert rows.tolist() == [2, 2, 3, 0, 0] and scored.all()
+    assert not other_image_rows(["a", "a"])[1].any()
+    model, b = _model(), _batch()
+    b = dict(b, box_mask=BOX_MASK.clone(), keys=["x", "y"])
+    b["box_mask"][1, 3:] = False  # the two images differ in their regions too
+    ablator = _fitted(model, b)
+    swapped = dict(b, **{k: b[k].flip(0) for k in ("images", "image_sizes", "boxes", "box_mask")})
+    torch.testing.assert_close(ablator.vision_for_language(b, "other_image"),
+                               ablator.vision_for_language(swapped, "none"), rtol=0, atol=0)
+    assert not torch.allclose(ablator.vision_for_language(b, "other_image"), ablator.vision_for_language(b, "none"))
+    assert ablator.vision_for_language(dict(b, keys=["x", "x"]), "other_image").isnan().all()
