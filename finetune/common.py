@@ -26,6 +26,7 @@ from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
 from shards.caption_inputs import load_box_file
 from shards.collate import pad_ids
 from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
+from shards.seeding import torch_generator
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import (
     EngineConfig,
@@ -61,6 +62,9 @@ class FinetuneConfig:
     eval_split: str = "val"
     eval_batch_size: int = 32
     max_eval_examples: int = 0  # 0 = all
+    # > 0: train on the examples of this many training images only (all their questions, expressions, ...), taken
+    # in one seeded order of the images, so a smaller set is inside every larger one: a data-efficiency curve
+    train_images: int = 0
     # "train": the Fast R-CNN finetunes with the rest (VL-BERT's end to end). "frozen": it stays as pretrained and
     # its region features are computed once per image before training (RegionFeatureCache), so a step costs the
     # transformer alone, as the official VQA code finetunes on precomputed features (docs/FINETUNE.md)
@@ -167,7 +171,20 @@ def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=No
                    real_positions=batch.get("real_positions"))
 
 
-class RegionFeatureCache:
+class TaskSetView:
+    """A view of a task set (`self.data`, set by the subclass) that answers for it whatever it does not change:
+    vocabulary, items, skips."""
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getattr__(self, name):  # only called for what is not found on the view itself
+        if name == "data":
+            raise AttributeError(name)
+        return getattr(self.data, name)
+
+
+class RegionFeatureCache(TaskSetView):
     """A task set whose batches carry the frozen detector's region features (`appearance` [B, 1+N, F] and
     `boxes_norm` [B, 1+N, 4], which `encode` passes as its visual_input) in place of pixels. They are computed
     once, on one pass over the set in order (a progress bar), each image once: a batch names its images in
@@ -214,16 +231,9 @@ class RegionFeatureCache:
     def image_keys(batch: dict) -> list[str]:
         keys = batch.get("image_keys")
         if keys is None:
-            raise ValueError("detector: frozen needs a task set whose batches name their images (image_keys)")
+            raise ValueError("detector: frozen and train_images need a task set whose batches name their images "
+                             "(image_keys)")
         return keys
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getattr__(self, name):  # the task set's vocabulary, items, skips ... (only called for what is not here)
-        if name == "data":
-            raise AttributeError(name)
-        return getattr(self.data, name)
 
     def batch(self, indices: list[int]) -> dict:
         out = self.data.batch(indices, pixels=False)  # the boxes alone: the pixels' features are here
@@ -237,6 +247,32 @@ class RegionFeatureCache:
             appearance[r, : len(a)], boxes_norm[r, : len(b)] = a, b
         out["appearance"], out["boxes_norm"] = appearance, boxes_norm
         return out
+
+
+class ImageSubset(TaskSetView):
+    """The examples of `images` of a task set's images, drawn in one order (seeded by `seed` alone, not by the
+    count, so the first k images of every subset are the same). Image-wise, not example-wise: the examples of one
+    image are not independent, and a subset of images is what collecting less data gives."""
+
+    def __init__(self, data, images: int, seed: int, batch_size: int = 256):
+        self.data = data
+        keys = []
+        for start in range(0, len(data), batch_size):
+            chunk = list(range(start, min(len(data), start + batch_size)))
+            keys += RegionFeatureCache.image_keys(data.batch(chunk, pixels=False))
+        distinct = sorted(set(keys))
+        if not 0 < images <= len(distinct):
+            raise ValueError(f"train_images: {images}, must be in 1..{len(distinct)} (the training images)")
+        order = torch.randperm(len(distinct), generator=torch_generator(seed, "training images")).tolist()
+        chosen = {distinct[i] for i in order[:images]}
+        self.images = images
+        self.indices = [i for i, k in enumerate(keys) if k in chosen]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def batch(self, indices: list[int], pixels: bool = True) -> dict:
+        return self.data.batch([self.indices[i] for i in indices], pixels=pixels)
 
 
 def freeze_detector(vl_bert: VLBert) -> None:
@@ -337,7 +373,9 @@ class FinetuneTask(Task):
         pretrained, self.tok_dir, source = build_pretrained(cfg.backbone)
         self.tokenizer = load_tokenizer(self.tok_dir)
         train = spec.dataset(cfg, self.tokenizer, None, train=True)
-        module, self.info = spec.build_module(pretrained, cfg, train)
+        module, self.info = spec.build_module(pretrained, cfg, train)  # the answer vocabulary of the whole set
+        if cfg.train_images:
+            train = ImageSubset(train, cfg.train_images, cfg.seed)
         if cfg.detector == "frozen":
             freeze_detector(module.vl_bert)
             train = RegionFeatureCache(train, module.vl_bert.to(self.device()), cfg.eval_batch_size, self.device(),
@@ -354,9 +392,10 @@ class FinetuneTask(Task):
         if cfg.decay_epochs:
             cfg.optim.decay_steps = [int(e * steps_per_epoch) for e in cfg.decay_epochs]
         self.record = {"task": spec.name, "init": source, "train_examples": len(train), "steps": cfg.engine.steps,
-                       "skipped": dict(train.skips.reasons)}
+                       "train_images": cfg.train_images or None, "skipped": dict(train.skips.reasons)}
         if rank == 0:
-            print(f"{spec.name}: from {source}; {len(train)} training examples "
+            subset = f" of {cfg.train_images} images" if cfg.train_images else ""
+            print(f"{spec.name}: from {source}; {len(train)} training examples{subset} "
                   f"({dict(train.skips.reasons) or 'none skipped'}), {cfg.engine.steps} steps", flush=True)
         cfg.engine.progress_label = spec.name
         self.module = module

@@ -27,7 +27,7 @@ from diagnostics.statistics import clustered_bootstrap
 from .vqa_score import read_results, read_vqa, vqa_accuracy
 
 INITS = ("pretrained", "none", "no_mrc", "no_text")
-INIT_LABELS = {"pretrained": "VL pretrained (demo_long)", "none": "no VL pretraining (step 0)",
+INIT_LABELS = {"pretrained": "VL pretrained", "none": "no VL pretraining (step 0)",
                "no_mrc": "pretrained without MRC", "no_text": "pretrained without the text corpus"}
 TASKS = ("vqa", "refcoco_gt", "refcoco_detected", "vcr_qa", "vcr_qar")
 BASELINE = "none"

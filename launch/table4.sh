@@ -6,6 +6,8 @@
 #   no_mrc      runs/demo_long_nomrc/export    demo_long without masked RoI classification
 #   no_text     runs/demo_long_notext/export   demo_long without the text-only corpus
 # A missing pretraining is run first (demo_long: ~70 min on 2 CPU cores; step 0: ~2 min).
+# RECIPE=demo: the same rows from the quick start's recipe instead (launch/configs/demo.yaml: runs/demo, runs/demo_step0,
+#   runs/demo_nomrc, runs/demo_notext; the quick start's pretraining ~15 min on 2 CPU cores).
 #   bash launch/table4.sh [init ...]            default: all four
 # Environment: TASKS (default "vqa refcoco_gt refcoco_detected vcr_qa vcr_qar"), OUT (default runs/table4): the
 #   finetune runs go to $OUT/<task>/<init>; each writes metrics_<split>.json and its per-example predictions beside
@@ -22,12 +24,18 @@ tasks="${TASKS:-vqa refcoco_gt refcoco_detected vcr_qa vcr_qar}"
 inits=("$@")
 [ ${#inits[@]} -gt 0 ] || inits=(pretrained none no_mrc no_text)
 
+recipe="${RECIPE:-demo_long}"
+case "$recipe" in
+  demo|demo_long) ;;
+  *) echo "launch/table4.sh: RECIPE '$recipe' is not demo or demo_long" >&2; exit 2 ;;
+esac
+
 run_dir() {
   case "$1" in
-    pretrained) echo runs/demo_long ;;
-    none) echo runs/demo_long_step0 ;;
-    no_mrc) echo runs/demo_long_nomrc ;;
-    no_text) echo runs/demo_long_notext ;;
+    pretrained) echo "runs/$recipe" ;;
+    none) echo "runs/${recipe}_step0" ;;
+    no_mrc) echo "runs/${recipe}_nomrc" ;;
+    no_text) echo "runs/${recipe}_notext" ;;
     *) echo "launch/table4.sh: unknown init '$1' (pretrained, none, no_mrc, no_text)" >&2; exit 2 ;;
   esac
 }
@@ -48,7 +56,7 @@ for init in "${inits[@]}"; do
   if [ ! -f "$dir/export/model.safetensors" ]; then
     echo "== table4: pretraining '$init' into $dir" >&2
     # shellcheck disable=SC2046
-    bash launch/pretrain.sh --config launch/configs/demo_long.yaml engine.run_dir="$dir" \
+    bash launch/pretrain.sh --config "launch/configs/$recipe.yaml" engine.run_dir="$dir" \
       $(pretrain_overrides "$init") ${PRETRAIN_ARGS:-}
   fi
 done

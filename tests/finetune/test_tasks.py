@@ -756,3 +756,32 @@ def test_frozen_detector_cache_gives_vcr_the_end_to_end_scores(demo_corpus, tiny
     module.settings = dict(module.settings, mrc_weight=1.0)
     with pytest.raises(ValueError, match="mrc_weight=0"):
         module.run(cached.batch([0]), torch.ones_like(cached.batch([0])["box_mask"]))
+
+
+def test_train_images_keeps_every_example_of_a_nested_draw_of_images(demo_corpus, tiny_export):
+    """train_images=k: the examples of k training images, all of each image's questions and no other; the k images
+    of a smaller draw are among a larger draw's (one seeded order); out of range is an error naming the key."""
+    from finetune.common import BackboneConfig, ImageSubset, build_pretrained
+    from finetune.vqa import VQAConfig, VQATask
+    from model.config import load_config
+    from shards.tokenizer import load_tokenizer
+
+    raw = demo_corpus / "raw"
+    cfg = load_config(VQAConfig, None, [f"image.root={raw}", f"data.root={raw}/vqa", f"data.boxes={raw}/boxes.jsonl",
+                                        "data.answer_min_count=1"])
+    _, tok_dir, _ = build_pretrained(BackboneConfig(init=str(tiny_export)))
+    data = VQATask.dataset(cfg, load_tokenizer(tok_dir), None, train=True)
+    image_of = [rel for _, rel in data.items]
+    drawn = {}
+    for k in (2, 5):
+        subset = ImageSubset(data, k, seed=0, batch_size=7)
+        images = {image_of[i] for i in subset.indices}
+        assert len(images) == k
+        assert subset.indices == [i for i, rel in enumerate(image_of) if rel in images]
+        assert len(subset) == len(subset.indices) and subset.answers == data.answers
+        batch = subset.batch([0, len(subset) - 1], pixels=False)
+        assert batch["image_keys"] == [image_of[subset.indices[0]], image_of[subset.indices[-1]]]
+        drawn[k] = images
+    assert drawn[2] < drawn[5]
+    with pytest.raises(ValueError, match="train_images"):
+        ImageSubset(data, len(set(image_of)) + 1, seed=0)
