@@ -16,6 +16,7 @@
 # (run in session 35). Session 35's next check, the 0.1 model against the shuffled-image control and the frozen grey one:
 #   RUNS="m01=0.1 m01_shuffled=0.1:shuffle m01_control=0.1:ablate" SHED_RUN= \
 #   COLOUR_RUNS="m01 m01_shuffled m01_control" bash docs/grounding_demo/gpu_s33/run.sh
+# (since session 36 the shuffled control pairs across its length pool, and every export also gets other_image)
 # Rehearsal on a CPU: SKIP_SETUP=1 WARMUP_EXTRA="epochs=0.02" TRAIN_EXTRA="engine.steps=4 engine.eval_every=2" \
 #   DIAG_EXTRA=max_examples=20 DEADLINE_TRAIN=3000 DEADLINE_DIAG=3600 bash docs/grounding_demo/gpu_s33/run.sh
 set -u
@@ -115,6 +116,20 @@ diag() {  # name export extra...
 for n in "${names[@]}"; do diag "$n" "runs/long_$n/export"; done
 for p in "${diags[@]}"; do wait "$p"; done
 log "full diagnostics done"
+snap
+# session 36: the other_image condition (the phrase shown the next image of its batch), the null of a control that
+# pretrained on real images (the shuffled one), beside all, on every export; control_leak.py takes any condition
+diags=()
+for n in "${names[@]}"; do
+  [ -f "runs/long_$n/export/model.safetensors" ] || continue
+  timeout $((DEADLINE_DIAG - (SECONDS - T0))) python3 docs/grounding_demo/control_leak.py --model "$n=runs/long_$n/export" \
+    --variants live --conditions none,other_image,all --out "runs/v4l_${n}_other/other_image.md" batch_size=64 \
+    ${DIAG_EXTRA:-} > "runs/v4l_${n}_other.log" 2>&1 &
+  diags+=($!)
+done
+for p in "${diags[@]}"; do wait "$p"; done
+log "other_image done"
+grep -h "other_image\|all " runs/v4l_*_other.log
 snap
 diags=()
 for n in $COLOUR_RUNS; do diag "${n}_colour" "runs/long_$n/export" phrase_words=colour sweep=[]; done
