@@ -265,7 +265,6 @@ class ImageSubset(TaskSetView):
             raise ValueError(f"train_images: {images}, must be in 1..{len(distinct)} (the training images)")
         order = torch.randperm(len(distinct), generator=torch_generator(seed, "training images")).tolist()
         chosen = {distinct[i] for i in order[:images]}
-        self.images = images
         self.indices = [i for i, k in enumerate(keys) if k in chosen]
 
     def __len__(self) -> int:
