@@ -245,13 +245,18 @@ class VLBertEmbeddings(nn.Module):
         the scale. So "circle" takes the circle region's "red", "red" the red region's "circle", and a word
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
         embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
+        return (self.alignment_weights(words, terms, candidates).to(words.dtype) @ sum(terms)).to(words.dtype)
+
+    def alignment_weights(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor
+                          ) -> torch.Tensor:
+        """[B, T, R]: each word's weight on each region in `aligned_region_words` (a row sums to 1 minus its
+        "no region" weight)."""
         cfg = self.cfg
         w = F.normalize(words.float(), dim=-1)  # [B, T, h]
         score = torch.stack([w @ F.normalize(part.float(), dim=-1).transpose(1, 2) for part in terms]).amax(0)
         score = score.masked_fill(~candidates.unsqueeze(1), float("-inf"))  # [B, T, R]
         none = score.new_full((*score.shape[:2], 1), cfg.region_word_alignment)
-        weights = (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
-        return (weights.to(words.dtype) @ sum(terms)).to(words.dtype)
+        return (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
 
     def text_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
         return self.visual_ln_text(self.visual_projection_text(visual))
@@ -425,7 +430,8 @@ class VLBert(nn.Module):
                 image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
                 visual_input: tuple[torch.Tensor, torch.Tensor] | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
-                output_class_logits: bool = False, real_positions: int | None = None) -> VLBertOutput:
+                output_class_logits: bool = False, real_positions: int | None = None,
+                aligned_words: torch.Tensor | None = None) -> VLBertOutput:
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
@@ -436,7 +442,9 @@ class VLBert(nn.Module):
         feed edited visual inputs (the cross-modal ablation diagnostic); boxes/box_mask still given.
         real_positions: `real_positions(text_mask, box_mask)`, counted where the batch is on the host: the
         encoder then skips padded positions (their hidden states are zero). output_class_logits: the
-        Fast R-CNN's object logits as `region_class_logits` (end to end only)."""
+        Fast R-CNN's object logits as `region_class_logits` (end to end only). aligned_words [B] bool: the rows
+        whose words take the region words they align to (`region_word_alignment`; None = every row); the others'
+        words take none, their region tokens still carry their names (pretraining's `masking.alignment_drop`)."""
         cfg, emb = self.cfg, self.embeddings
         bsz, t = input_ids.shape
         dev = input_ids.device
@@ -512,7 +520,10 @@ class VLBert(nn.Module):
                 is_object = torch.cat([~whole, box_mask], 1)
                 token = token + sum(terms) * is_object.unsqueeze(-1).to(words.dtype)
                 if cfg.region_word_alignment is not None:  # a masked region names nothing: no word aligns to it
-                    text = text + emb.aligned_region_words(words[:, :t], terms, is_object & ~is_masked)
+                    candidates = is_object & ~is_masked
+                    if aligned_words is not None:  # a row without candidates gives every word "no region"
+                        candidates = candidates & aligned_words.unsqueeze(1)
+                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates)
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)
             region_pos = emb.position_embeddings(text_len).expand(bsz, n_regions, -1)
             regions = token + emb.object_visual_term(visual) + region_pos + segment_c

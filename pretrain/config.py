@@ -68,10 +68,16 @@ def build_optim_config(cfg: PretrainConfig) -> OptimConfig:
 
 def build_model_config(cfg: PretrainConfig):
     """The VLBertConfig a PretrainConfig describes: the `bert` checkpoint's sizes (or the preset's), then
-    `model` on top; the image-ablated control (`masking.ablate_image`) reads no boxes unless `model` says."""
+    `model` on top; the image-ablated control (`masking.ablate_image`) reads no boxes unless `model` says;
+    `masking.alignment_drop` needs the alignment it drops."""
     updates = cfg.model
     if cfg.masking.ablate_image and "region_geometry" not in updates:
         updates = {**updates, "region_geometry": "whole_image"}
     if cfg.bert:
-        return config_from_hf(bert_source_dir(cfg.bert), cfg.model_preset, updates=updates)
-    return model_config(cfg.model_preset, updates=updates)
+        out = config_from_hf(bert_source_dir(cfg.bert), cfg.model_preset, updates=updates)
+    else:
+        out = model_config(cfg.model_preset, updates=updates)
+    if cfg.masking.alignment_drop and out.region_word_alignment is None:
+        raise ValueError("masking.alignment_drop drops the word-region alignment, which the model does not have: set "
+                         "model.region_word_alignment (with region_words)")
+    return out

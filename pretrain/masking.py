@@ -64,6 +64,13 @@ class MaskingConfig:
     # nothing of the caption: at evaluation real images are in its distribution, where the grey control meets them
     # for the first time (whose V4L then measures that, sessions 25 and 35). Boxes and the CNN's LR stay the run's.
     shuffle_images: bool = False
+    # The fraction of caption rows whose words take no aligned region words (the model's `region_word_alignment`)
+    # in a step; their region tokens keep their names, so the words must find their regions by attention. With
+    # every row aligned a caption's colour can be read off its shape word's aligned name, and nothing asks for
+    # another way to the object; on VQA a quarter of the colour questions name an object the detector names too
+    # weakly to align, and whether a finetuned model answers those depends on the finetuning seed
+    # (docs/FINETUNE.md, session 37: measured at 0.5, not the default)
+    alignment_drop: float = 0.0
 
 
 def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:
@@ -84,6 +91,8 @@ class PretrainMasker:
         """region_word_ids: the first word-piece of each class / attribute name (masking.region_word_probability)."""
         if cfg.shuffle_images and cfg.ablate_image:  # here, not in the loader's workers at the first batch
             raise ValueError("masking: shuffle_images and ablate_image are two controls; set one")
+        if not 0.0 <= cfg.alignment_drop <= 1.0:
+            raise ValueError(f"masking.alignment_drop: {cfg.alignment_drop}, must be in [0, 1]")
         self.cfg = cfg
         self.grey = grey_of(pixel_mean)
         self.num_classes = num_classes
@@ -198,6 +207,8 @@ class PretrainMasker:
                     "mrc_probs": probs.flatten(0, 1)[positions].float().repeat(k, 1),
                     "mrc_labels": batch["box_classes"].flatten()[positions].repeat(k),
                     "real_positions": real_positions(out["text_mask"], box_mask)})
+        if c.alignment_drop > 0:  # drawn last and only when on, so every other draw is the default run's
+            out["aligned_words"] = torch.rand(k * b, generator=g) >= c.alignment_drop
         return out
 
     def grey_resampling_rings(self, images: torch.Tensor, batch: dict, zeroed: torch.Tensor) -> torch.Tensor:

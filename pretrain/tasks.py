@@ -63,7 +63,8 @@ class VLBertPretraining(nn.Module):
                 visual = {"images": c["images"], "image_sizes": c["image_sizes"]}
             out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
                              box_mask=c["box_mask"], masked_regions=c["masked_regions"],
-                             real_positions=c.get("real_positions"), **visual)
+                             real_positions=c.get("real_positions"), aligned_words=c.get("aligned_words"),
+                             **visual)
             mlm, mlm_acc = self._mlm(out, c)
             regions = out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]]  # [K, hidden], no whole image
             mrc_logits = self.model.masked_roi_classification(regions)

@@ -653,3 +653,22 @@ def test_aligned_region_words_by_hand(tiny_cfg):
     assert float(torch.cosine_similarity(got[1], classes[0, 2] + attributes[0, 2], 0)) < 0.9
     with pytest.raises(ValueError, match="region_word_alignment aligns words"):
         VLBert(model_config("tiny", updates={"region_word_alignment": 0.5}))
+
+
+def test_rows_without_aligned_words_are_the_model_without_alignment(tiny_cfg):
+    """aligned_words [B]: a False row is what the same weights give with region_word_alignment off (its words
+    take no region words; its region tokens keep their names), a True row what they give with every row
+    aligned (pretraining's masking.alignment_drop)."""
+    words = {"region_class_words": [[8], [9], [10], [11], [12], [13], [14], [15], [16]]}
+    torch.manual_seed(0)
+    aligned = VLBertForPretraining(model_config("tiny", updates={**words, "region_word_alignment": 0.0})).eval()
+    plain = VLBertForPretraining(model_config("tiny", updates=words)).eval()
+    plain.load_state_dict(aligned.state_dict())  # the alignment has no parameters
+    batch = make_batch()
+    with torch.no_grad():
+        every = run(aligned, batch).last_hidden_state
+        none = run(plain, batch).last_hidden_state
+        mixed = run(aligned, batch, aligned_words=torch.tensor([False, True])).last_hidden_state
+    assert not torch.allclose(every[0], none[0], atol=1e-3)  # the alignment reaches row 0's words
+    torch.testing.assert_close(mixed[0], none[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mixed[1], every[1], atol=1e-5, rtol=1e-5)

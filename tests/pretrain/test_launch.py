@@ -49,6 +49,14 @@ def test_the_image_ablated_control_reads_no_boxes():
     assert build_model_config(kept).region_geometry == "boxes"
 
 
+def test_alignment_drop_needs_the_alignment():
+    demo = ROOT / "launch/configs/demo.yaml"
+    assert build_model_config(load_config(PretrainConfig, demo, ["masking.alignment_drop=0.5"])).region_word_alignment
+    with pytest.raises(ValueError, match="set model.region_word_alignment"):
+        build_model_config(load_config(PretrainConfig, demo, ["masking.alignment_drop=0.5",
+                                                              "model.region_word_alignment=null"]))
+
+
 def test_the_image_ablated_control_freezes_its_detector():
     """The control's Fast R-CNN trains at masking.ablate_image_cnn_lr of the LR (0: frozen) whatever the config's
     multiplier for it; the other multipliers and the model's run are untouched; null keeps the config's."""

@@ -270,3 +270,29 @@ def test_region_words_are_masked_more_in_captions_only():
     assert torch.equal(plain.mask_words(ids, valid, torch.Generator().manual_seed(0), caption=True)[1], text)
     with pytest.raises(ValueError, match="region_words"):
         PretrainMasker(cfg, tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+
+
+def test_alignment_drop_draws_a_row_flag_after_every_default_draw(masker):
+    """masking.alignment_drop: each caption row (every word view) is left without aligned region words with that
+    probability, drawn after everything else, so the rest of the batch is the default run's exactly; off by default
+    (no flag: every row aligned)."""
+    tok, plain = masker
+    batch = caption_batch(b=256, n=8)
+    batch["caption"]["input_ids"] = torch.randint(2000, 5000, (256, 12), generator=torch.Generator().manual_seed(1))
+    base = plain(batch)["caption"]
+    assert "aligned_words" not in base
+    for p in (0.25, 0.5):
+        m = PretrainMasker(MaskingConfig(alignment_drop=p, word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
+                           num_classes=9)
+        views = PretrainMasker(MaskingConfig(word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
+                               num_classes=9)(batch)["caption"]
+        out = m(batch)["caption"]
+        flags = out.pop("aligned_words")
+        assert flags.shape == (512,) and flags.dtype == torch.bool
+        assert abs((~flags).float().mean().item() - p) < 0.07  # 512 rows: 3 standard errors
+        assert out.keys() == views.keys()
+        for key, value in views.items():
+            assert torch.equal(out[key], value) if torch.is_tensor(value) else out[key] == value, key
+        assert torch.equal(m(batch)["caption"]["aligned_words"], flags)  # seeded by the batch index
+    with pytest.raises(ValueError, match="alignment_drop: 1.5"):
+        PretrainMasker(MaskingConfig(alignment_drop=1.5), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
