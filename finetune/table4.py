@@ -60,8 +60,9 @@ def run_config(run: Path) -> dict:
         raise FileNotFoundError(f"{run}: no run.json (not a finetune run directory)") from None
 
 
-def vqa_metrics(run: Path) -> tuple[dict[str, Examples], dict[str, float]]:
-    """Overall and 'other' (colour/shape) accuracy per question, and the question-type prior of each."""
+def vqa_scores(run: Path) -> tuple[list, list[float]]:
+    """The questions a VQA run answered on its eval split (read as its config names them) and the official accuracy
+    of each, in percent."""
     cfg = run_config(run)
     split, data = cfg["eval_split"], cfg["data"]
     root = Path(data["root"])
@@ -70,8 +71,13 @@ def vqa_metrics(run: Path) -> tuple[dict[str, Examples], dict[str, float]]:
     answered = [q for q in questions if q.question_id in results]
     if len(answered) < len(questions) and not cfg.get("max_eval_examples"):
         raise ValueError(f"{run}: results_{split}.json answers {len(answered)} of {len(questions)} questions")
-    scores = [100.0 * vqa_accuracy(results[q.question_id], q.answers) for q in answered]
-    metrics = json.loads((run / f"metrics_{split}.json").read_text())
+    return answered, [100.0 * vqa_accuracy(results[q.question_id], q.answers) for q in answered]
+
+
+def vqa_metrics(run: Path) -> tuple[dict[str, Examples], dict[str, float]]:
+    """Overall and 'other' (colour/shape) accuracy per question, and the question-type prior of each."""
+    answered, scores = vqa_scores(run)
+    metrics = json.loads((run / f"metrics_{run_config(run)['eval_split']}.json").read_text())
     out = {"VQA overall": Examples([q.question_id for q in answered], scores, [q.image_id for q in answered])}
     other = [i for i, q in enumerate(answered) if q.answer_type == "other"]
     out["VQA other (colour, shape)"] = Examples([answered[i].question_id for i in other], [scores[i] for i in other],

@@ -281,11 +281,11 @@ def test_alignment_drop_draws_a_row_flag_after_every_default_draw(masker):
     batch["caption"]["input_ids"] = torch.randint(2000, 5000, (256, 12), generator=torch.Generator().manual_seed(1))
     base = plain(batch)["caption"]
     assert "aligned_words" not in base
+    views = PretrainMasker(MaskingConfig(word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
+                           num_classes=9)(batch)["caption"]
     for p in (0.25, 0.5):
         m = PretrainMasker(MaskingConfig(alignment_drop=p, word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
                            num_classes=9)
-        views = PretrainMasker(MaskingConfig(word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
-                               num_classes=9)(batch)["caption"]
         out = m(batch)["caption"]
         flags = out.pop("aligned_words")
         assert flags.shape == (512,) and flags.dtype == torch.bool

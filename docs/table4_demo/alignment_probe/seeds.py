@@ -24,15 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from diagnostics.statistics import clustered_bootstrap, paired_test  # noqa: E402
-from finetune.vqa_score import read_vqa, vqa_accuracy  # noqa: E402
-from shards.skips import SkipLog  # noqa: E402
-
-
-def scores(run_dir: Path, split: str, questions: dict) -> np.ndarray:
-    results = {r["question_id"]: r["answer"] for r in json.loads((run_dir / f"results_{split}.json").read_text())}
-    if results.keys() != questions.keys():
-        raise ValueError(f"{run_dir}: results for {len(results)} questions, the split has {len(questions)}")
-    return np.array([vqa_accuracy(results[qid], q.answers) * 100 for qid, q in questions.items()])
+from finetune.table4 import vqa_scores  # noqa: E402
 
 
 def fmt(mean: float, ci: list[float] | None) -> str:
@@ -42,21 +34,24 @@ def fmt(mean: float, ci: list[float] | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--row", action="append", required=True, help="NAME=RUN_DIR,RUN_DIR,... (one per seed)")
-    ap.add_argument("--root", default="data/demo/raw/vqa")
-    ap.add_argument("--split", default="val2014")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    root = Path(args.root)
-    questions = {q.question_id: q for q in read_vqa(root / f"v2_OpenEnded_mscoco_{args.split}_questions.json",
-                                                    root / f"v2_mscoco_{args.split}_annotations.json", SkipLog("q"))}
-    images = np.array([q.image_id for q in questions.values()])
-    types = np.array([q.question_type for q in questions.values()])
     rows: dict[str, list[tuple[str, np.ndarray]]] = {}
+    questions = None
     for spec in args.row:
         name, _, dirs = spec.partition("=")
         if not dirs:
             raise SystemExit(f"--row {spec!r}: expected NAME=DIR[,DIR...]")
-        rows[name] = [(d, scores(Path(d), args.split, questions)) for d in dirs.split(",")]
+        rows[name] = []
+        for d in dirs.split(","):
+            answered, scores = vqa_scores(Path(d))
+            if questions is None:
+                questions = answered
+            elif [q.question_id for q in answered] != [q.question_id for q in questions]:
+                raise SystemExit(f"{d}: answers other questions than {args.row[0]}")
+            rows[name].append((d, np.array(scores)))
+    images = np.array([q.image_id for q in questions])
+    types = np.array([q.question_type for q in questions])
     groups = {"all": np.ones(len(types), bool), **{t: types == t for t in sorted(set(types))}}
     out: dict = {"rows": {n: [d for d, _ in runs] for n, runs in rows.items()}, "per_run": {}, "mean_over_seeds": {},
                  "vs_first": {}, "vs_first_per_seed": {}}
@@ -73,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             out["vs_first"][name] = {g: paired_test(base[k], mean[k], images[k]) for g, k in groups.items()}
             out["vs_first_per_seed"][name] = {g: [float((s[k] - b[k]).mean()) for (_, s), b in zip(runs, base_runs)]
                                               for g, k in groups.items()}
-    lines = [f"# VQA {args.split} over finetuning seeds", "",
+    lines = ["# VQA over finetuning seeds", "",
              "Accuracy of each run (seeds in the order given), the row's mean over seeds with its 95% interval over "
              "images:", "", "| question type | " + " | ".join(rows) + " |", "|---|" + "---|" * len(rows)]
     for g in groups:
