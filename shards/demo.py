@@ -209,8 +209,11 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
             write_flickr30k_entities(raw, seed)
         if not (raw / "vqg" / "coco_test_all.csv").exists():
             _write_vqg_split(raw, seed, n_images, n_val)
-        if not (raw / "refcoco+" / "instances.json").exists():
+        refcoco = raw / "refcoco+" / "instances.json"
+        if not refcoco.exists():
             demo_tasks.write_all(raw, seed)
+        elif json.loads(refcoco.read_text()).get("info", {}).get("version") != demo_tasks.REFCOCO_VERSION:
+            demo_tasks.write_refcoco(raw, seed)  # built with expressions that did not pick out one object
         if not (raw / "retrieval" / "dataset_flickr30k.json").exists():  # built before retrieval existed
             demo_tasks.write_retrieval(raw, seed)
         detection = raw / "detection" / "instances_val.json"

@@ -28,6 +28,9 @@ from . import shapes_world as sw
 from .seeding import python_rng
 
 RELATIONS = ["left of", "right of", "above", "below"]
+# 2: every expression picks out its referent alone (before, "red one" could name either of two red objects
+# and "covered star" either of two cloths: 10% of val expressions had no one right answer)
+REFCOCO_VERSION = "2"
 
 
 def _scenes(raw: Path):
@@ -196,12 +199,27 @@ def write_vcr(raw: Path, seed: int) -> Path:
 
 # --- RefCOCO+ --------------------------------------------------------------------------------------------
 
-def _expressions(o: sw.ShapeObject, rng: random.Random) -> list[str]:
-    """Appearance-only descriptions (RefCOCO+ forbids location words)."""
+def _referable(world: sw.Scene, k: int) -> bool:
+    """Whether object k has a description no other object shares, as a person looking at the picture sees
+    them: a visible object by its colour and category; one under the cloth only as the one cloth (what it
+    hides cannot be seen, so a second cloth makes "the star under the cloth" a guess)."""
+    o = world.objects[k]
+    if o.covered:
+        return sum(p.covered for p in world.objects) == 1
+    return sum(not p.covered and (p.colour, p.category) == (o.colour, o.category) for p in world.objects) == 1
+
+
+def _expressions(world: sw.Scene, k: int, rng: random.Random) -> list[str]:
+    """Appearance-only descriptions (RefCOCO+ forbids location words) of a referable object, each of which
+    picks it out alone, as the ReferIt game's listener had to find it: "red one" only when no other visible
+    object is red."""
+    o = world.objects[k]
     if o.covered:
         return [f"covered {o.category}", f"the {o.category} under the cloth", "grey cloth"][: rng.randint(2, 3)]
     forms = [f"{o.colour} {o.category}", f"the {o.size} {o.colour} {o.category}", f"{o.colour} one",
              f"{o.category} that is {o.colour}"]
+    if sum(not p.covered and p.colour == o.colour for p in world.objects) > 1:
+        forms.remove(f"{o.colour} one")
     return rng.sample(forms, rng.randint(2, 3))
 
 
@@ -240,10 +258,8 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
             dets.append({"det_id": len(dets), "image_id": index, "category_id": rng.randint(1, 8),
                          "box": [round(bx, 1), round(by, 1), round(w, 1), round(w, 1)],
                          "score": round(rng.uniform(0.3, 0.7), 3)})
-        # referable objects: no other object shares their description
-        keys = [(o.covered, o.category, None if o.covered else o.colour) for o in world.objects]
         for k, o in enumerate(world.objects):
-            if keys.count(keys[k]) > 1:
+            if not _referable(world, k):
                 continue
             if is_val:
                 if index % 2 == 0:
@@ -253,7 +269,7 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
             else:
                 split = "train"
             sentences = []
-            for text in _expressions(o, rng):
+            for text in _expressions(world, k, rng):
                 sent_id = index * 1000 + k * 10 + len(sentences)
                 sentences.append({"tokens": text.split(), "raw": text, "sent_id": sent_id, "sent": text})
             refs.append({"sent_ids": [s["sent_id"] for s in sentences], "file_name": f"COCO_{index:06d}_{k}.jpg",
@@ -261,7 +277,8 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
                          "sentences": sentences, "category_id": o.class_id})
     with open(out / "refs(unc).p", "wb") as f:
         pickle.dump(refs, f, protocol=2)  # the refer toolkit's pickles are protocol 2
-    (out / "instances.json").write_text(json.dumps({"images": images, "annotations": annotations,
+    info = {"description": "shapes-world demo in RefCOCO+ format", "version": REFCOCO_VERSION}
+    (out / "instances.json").write_text(json.dumps({"info": info, "images": images, "annotations": annotations,
                                                     "categories": categories}))
     (out / "dets.json").write_text(json.dumps(dets))
     return out

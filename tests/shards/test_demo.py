@@ -1,6 +1,8 @@
 import json
+import pickle
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,35 @@ def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
         assert CATEGORIES[ref["category_id"] - 1] == obj["category"]
         assert all(obj["category"] in s["sent"] or obj["colour"] in s["sent"] or s["sent"] == "grey cloth"
                    for s in ref["sentences"])
+        for s in ref["sentences"]:  # each picks out its referent alone, among the objects as the picture shows them
+            assert [o for o in scenes[ref["image_id"]]["objects"] if _fits(s["sent"], o)] == [obj], s["sent"]
+
+
+def _fits(expression: str, o: dict) -> bool:
+    """Whether a person who sees the picture could take `o` for what the expression describes: under the grey
+    cloth only "a cloth" shows; otherwise every colour, shape and size word the expression uses must be o's."""
+    words = set(expression.split())
+    if o["covered"]:
+        return bool(words & {"cloth", "covered"})
+    return not words & {"cloth", "covered"} and all(
+        w in (o["colour"], o["category"], o["size"], "the", "one", "that", "is") for w in words)
+
+
+def test_a_corpus_built_with_ambiguous_expressions_gets_its_refcoco_rewritten(demo_corpus, tmp_path):
+    """A corpus from before REFCOCO_VERSION 2 (no version in instances.json) is brought up to date by the
+    builder's already-built path, RefCOCO+ alone: the same files a fresh build writes, nothing else touched."""
+    from shards.demo import build_demo
+
+    old = tmp_path / "demo"
+    shutil.copytree(demo_corpus, old)
+    refcoco = old / "raw" / "refcoco+"
+    instances = json.loads((refcoco / "instances.json").read_text())
+    del instances["info"]
+    (refcoco / "instances.json").write_text(json.dumps(instances))
+    (refcoco / "refs(unc).p").write_bytes(pickle.dumps([], protocol=2))
+    vqa = old / "raw" / "vqa" / "v2_mscoco_train2014_annotations.json"
+    stamp = vqa.stat().st_mtime_ns
+    build_demo(old, n_images=40, n_val=8, n_books=3, n_articles=12, seed=123, progress=False)
+    for name in ("refs(unc).p", "instances.json", "dets.json"):
+        assert (refcoco / name).read_bytes() == (demo_corpus / "raw" / "refcoco+" / name).read_bytes(), name
+    assert vqa.stat().st_mtime_ns == stamp
