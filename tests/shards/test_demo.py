@@ -172,6 +172,11 @@ def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
         assert CATEGORIES[ref["category_id"] - 1] == obj["category"]
         assert all(obj["category"] in s["sent"] or obj["colour"] in s["sent"] or s["sent"] == "grey cloth"
                    for s in ref["sentences"])
+        scene = scenes[ref["image_id"]]
+        drawn = sw.Scene(scene["width"], scene["height"], (0, 0, 0), [
+            sw.ShapeObject(o["category"], o["colour"], o["size"], tuple(o["box"]), o["covered"])
+            for o in scene["objects"]])
+        assert sw.visible_fractions(drawn)[ref["ann_id"] % 100] >= 0.5  # in view, as a caption's objects are
         for s in ref["sentences"]:  # each picks out its referent alone, among the objects as the picture shows them
             assert [o for o in scenes[ref["image_id"]]["objects"] if _fits(s["sent"], o)] == [obj], s["sent"]
 
