@@ -178,7 +178,7 @@ def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
             for o in scene["objects"]])
         assert sw.visible_fractions(drawn)[ref["ann_id"] % 100] >= 0.5  # in view, as a caption's objects are
         for s in ref["sentences"]:  # each picks out its referent alone, among the objects as the picture shows them
-            assert [o for o in scenes[ref["image_id"]]["objects"] if _fits(s["sent"], o)] == [obj], s["sent"]
+            assert [o for o in scene["objects"] if _fits(s["sent"], o)] == [obj], s["sent"]
 
 
 def _fits(expression: str, o: dict) -> bool:
