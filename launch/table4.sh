@@ -3,8 +3,9 @@
 #   pretrained  runs/demo_long/export          launch/configs/demo_long.yaml (the grounded recipe)
 #   none        runs/demo_long_step0/export    the same model at step 0: packaged BERT + the warmed-up
 #                                              detector, no visual-linguistic pretraining
-#   no_mrc      runs/demo_long_nomrc/export    demo_long without masked RoI classification
-#   no_text     runs/demo_long_notext/export   demo_long without the text-only corpus
+#   no_mrc      runs/demo_long_nomrc/export    demo_long without masked RoI classification (no region hidden, no
+#                                              MRC head: the paper's Table 4 setting (a), with the text corpus)
+#   no_text     runs/demo_long_notext/export   demo_long without the text-only corpus (captions only: setting (b))
 # A missing pretraining is run first (demo_long: ~70 min on 2 CPU cores; step 0: ~2 min).
 # RECIPE=demo: the same rows from the quick start's recipe instead (launch/configs/demo.yaml: runs/demo, runs/demo_step0,
 #   runs/demo_nomrc, runs/demo_notext; the quick start's pretraining ~15 min on 2 CPU cores).

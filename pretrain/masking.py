@@ -87,13 +87,16 @@ class PretrainMasker:
     def __init__(self, cfg: MaskingConfig, tokenizer, *, cls_id: int, sep_id: int, mask_id: int, num_classes: int,
                  pad_id: int = 0, seed: int = 0, rank: int = 0,
                  pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
-                 region_word_ids: list[int] | None = None):
-        """region_word_ids: the first word-piece of each class / attribute name (masking.region_word_probability)."""
+                 region_word_ids: list[int] | None = None, mrc: bool = True):
+        """region_word_ids: the first word-piece of each class / attribute name (masking.region_word_probability).
+        mrc=False: pretraining without masked RoI classification (`losses.mrc_weight: 0`, VL-BERT's Table 4 setting
+        (a)): no region is chosen and no pixel zeroed, since nothing would be asked of them."""
         if cfg.shuffle_images and cfg.ablate_image:  # here, not in the loader's workers at the first batch
             raise ValueError("masking: shuffle_images and ablate_image are two controls; set one")
         if not 0.0 <= cfg.alignment_drop <= 1.0:
             raise ValueError(f"masking.alignment_drop: {cfg.alignment_drop}, must be in [0, 1]")
         self.cfg = cfg
+        self.mrc = mrc
         self.grey = grey_of(pixel_mean)
         self.num_classes = num_classes
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
@@ -177,7 +180,9 @@ class PretrainMasker:
         out = self._text_inputs(torch.where(valid, ids, self.pad_id).repeat(k, 1), valid.repeat(k, 1), g, caption=True)
         # masked RoI classification
         chosen = (torch.rand(b, n, generator=g) < c.mrc_probability) & box_mask
-        if not chosen.any() and box_mask.any():
+        if not self.mrc:  # drawn all the same: the words' masks and every later draw stay the MRC run's
+            chosen = torch.zeros_like(chosen)
+        elif not chosen.any() and box_mask.any():
             first = int(box_mask.any(1).nonzero()[0])
             chosen[first, int(box_mask[first].nonzero()[0])] = True
         zeroed = chosen & (torch.rand(b, n, generator=g) < c.mrc_zero_fraction)

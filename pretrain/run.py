@@ -144,7 +144,8 @@ class PretrainTask(Task):
                                 # class 0 is the background: no caption word names it
                                 region_word_ids=[name[0] for name in (model_cfg.region_class_words or [])[1:]
                                                  + (model_cfg.region_attribute_words or [])
-                                                 + (model_cfg.region_size_words or [])])
+                                                 + (model_cfg.region_size_words or [])],
+                                mrc=cfg.losses.mrc_weight > 0)
         loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker,
                               shuffle_images=cfg.masking.shuffle_images)
         evaluators = []

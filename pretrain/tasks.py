@@ -21,7 +21,7 @@ from model.vl_bert import VLBertForPretraining
 @dataclass
 class LossConfig:
     mlm_caption_weight: float = 1.0
-    mrc_weight: float = 1.0
+    mrc_weight: float = 1.0  # 0: no masked RoI classification at all (the masker hides no region; no MRC head)
     mlm_text_weight: float = 1.0
     mrc_target: str = "soft"  # "soft": cross-entropy to the detector's class distribution (official);
     #                          "hard": cross-entropy to the detector's class; "kl": MRC-KL (UNITER/volta)
@@ -66,12 +66,15 @@ class VLBertPretraining(nn.Module):
                              real_positions=c.get("real_positions"), aligned_words=c.get("aligned_words"),
                              **visual)
             mlm, mlm_acc = self._mlm(out, c)
-            regions = out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]]  # [K, hidden], no whole image
-            mrc_logits = self.model.masked_roi_classification(regions)
-            mrc = masked_roi_loss(mrc_logits, c["mrc_probs"], c["mrc_labels"], cfg.mrc_target)
-            total = total + cfg.mlm_caption_weight * mlm + cfg.mrc_weight * mrc
-            metrics.update({"loss/mlm_caption": mlm, "loss/mrc": mrc, "acc/mlm_caption": mlm_acc,
-                            "acc/mrc": (mrc_logits.argmax(-1) == c["mrc_labels"]).float().mean()})
+            total = total + cfg.mlm_caption_weight * mlm
+            metrics.update({"loss/mlm_caption": mlm, "acc/mlm_caption": mlm_acc})
+            if cfg.mrc_weight > 0:
+                regions = out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]]  # [K, hidden], no whole image
+                mrc_logits = self.model.masked_roi_classification(regions)
+                mrc = masked_roi_loss(mrc_logits, c["mrc_probs"], c["mrc_labels"], cfg.mrc_target)
+                total = total + cfg.mrc_weight * mrc
+                metrics.update({"loss/mrc": mrc,
+                                "acc/mrc": (mrc_logits.argmax(-1) == c["mrc_labels"]).float().mean()})
         if "text" in batch:
             t = batch["text"]
             out = self.model(t["input_ids"], t["text_mask"], t["token_type_ids"],

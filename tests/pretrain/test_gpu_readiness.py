@@ -21,7 +21,7 @@ def tiny_module(**updates) -> VLBertPretraining:
     return VLBertPretraining(VLBertForPretraining(cfg), LossConfig())
 
 
-def pretraining_batch() -> dict:
+def pretraining_batch(mrc: bool = True) -> dict:
     """What the data workers hand the step: masked captions with images and boxes, and text samples."""
     tok = load_tokenizer(None)
     batch = caption_batch(b=4, n=6)
@@ -34,7 +34,7 @@ def pretraining_batch() -> dict:
     batch["text"] = {"keys": ["t0", "t1", "t2", "t3"], "input_ids": text["input_ids"],
                      "attention_mask": text["attention_mask"].bool()}
     masker = PretrainMasker(MaskingConfig(mlm_probability=0.3, mrc_probability=0.3), tok, cls_id=101, sep_id=102,
-                            mask_id=103, num_classes=9)
+                            mask_id=103, num_classes=9, mrc=mrc)
     return masker(batch)
 
 
@@ -102,3 +102,25 @@ def test_compiled_transformer_matches_eager():
     for key in ("loss/mlm_caption", "loss/mrc", "loss/mlm_text"):
         torch.testing.assert_close(compiled[key], eager[key], atol=1e-4, rtol=1e-4)
     assert module.model.vl_bert.encoder._compiled_call_impl is not None  # it really ran compiled
+
+
+def test_a_step_without_mrc_is_the_mlm_losses_alone_and_leaves_the_mrc_head_untouched():
+    """losses.mrc_weight: 0: the step computes no MRC head (no gradient, no metric) and its loss is the two MLM
+    cross-entropies, recomputed here from the model's own outputs."""
+    module = tiny_module().eval()
+    module.losses = LossConfig(mrc_weight=0.0)
+    batch = pretraining_batch(mrc=False)
+    loss, metrics = module(batch)
+    loss.backward()
+    assert "loss/mrc" not in metrics and "acc/mrc" not in metrics
+    assert all(p.grad is None for p in module.model.masked_roi_classification.parameters())
+    expected = 0.0
+    for part in ("caption", "text"):
+        x = batch[part]
+        visual = {"boxes": x["boxes"], "box_mask": x["box_mask"], "masked_regions": x["masked_regions"],
+                  "images": x["images"], "image_sizes": x["image_sizes"]} if part == "caption" else {}
+        with torch.no_grad():
+            hidden = module.model(x["input_ids"], x["text_mask"], x["token_type_ids"], **visual).text_hidden
+            logits = module.model.mlm_head(hidden.flatten(0, 1)[x["mlm_positions"]])
+        expected += torch.nn.functional.cross_entropy(logits, x["mlm_labels"])
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-5)

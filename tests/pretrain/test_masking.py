@@ -296,3 +296,23 @@ def test_alignment_drop_draws_a_row_flag_after_every_default_draw(masker):
         assert torch.equal(m(batch)["caption"]["aligned_words"], flags)  # seeded by the batch index
     with pytest.raises(ValueError, match="alignment_drop: 1.5"):
         PretrainMasker(MaskingConfig(alignment_drop=1.5), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+
+
+def test_without_mrc_no_region_is_hidden_and_the_words_masks_are_the_mrc_runs(masker):
+    """mrc=False (pretraining's losses.mrc_weight: 0, the paper's Table 4 setting (a)): no region chosen or zeroed,
+    the images as the stream gave them; every other draw (the words' masks) is the MRC run's."""
+    tok, plain = masker
+    batch = caption_batch(b=16, n=8)
+    batch["caption"]["input_ids"] = torch.randint(2000, 5000, (16, 12), generator=torch.Generator().manual_seed(1))
+    batch["caption"]["images"] = torch.randint(0, 256, (16, 3, 128, 128), dtype=torch.uint8,
+                                               generator=torch.Generator().manual_seed(2))
+    base = plain(batch)["caption"]
+    assert base["masked_regions"].any() and len(base["mrc_positions"]) > 0  # the MRC run hides some
+    out = PretrainMasker(MaskingConfig(), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9,
+                         mrc=False)(batch)["caption"]
+    assert not out["masked_regions"].any()
+    assert len(out["mrc_positions"]) == len(out["mrc_labels"]) == len(out["mrc_probs"]) == 0
+    assert torch.equal(out["images"], batch["caption"]["images"])
+    for key in ("input_ids", "mlm_positions", "mlm_labels", "text_mask", "token_type_ids", "box_mask", "boxes"):
+        assert torch.equal(out[key], base[key]), key
+    assert out["real_positions"] == base["real_positions"]
