@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from diagnostics.statistics import summarise  # noqa: E402
 from finetune.table4 import Examples, refcoco_metrics  # noqa: E402
 
 
@@ -28,15 +29,6 @@ def steps_to(run: Path, level: float) -> int | None:
         if m.get("acc/iou_0.5", 0.0) >= level:
             return int(m["step"])
     return None
-
-
-def t_interval(d: np.ndarray) -> list[float] | None:
-    from scipy import stats  # lazy: ~0.9 s to import
-
-    if len(d) < 2:
-        return None
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-    return [float(d.mean() - half), float(d.mean() + half)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         diffs = np.array([a - float(b.values.mean()) for a, b in zip(accs, base, strict=True)])
         speed = [steps_to(r, 0.8) for r in rows[name]]
         report[name] = {"runs": [str(r) for r in rows[name]], "accuracy": accs, "mean": mean,
-                        "minus_baseline": diffs.tolist(), "minus_baseline_t95": t_interval(diffs),
+                        "minus_baseline": diffs.tolist(), "minus_baseline_t95": summarise(diffs)["ci95"],
                         "steps_to_0.8": speed}
         t95 = report[name]["minus_baseline_t95"]
         lines.append(f"| {name} | {' / '.join(f'{a:.2f}' for a in accs)} | {mean['mean']:.2f} "
