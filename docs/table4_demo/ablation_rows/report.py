@@ -26,27 +26,27 @@ from finetune.table4 import refcoco_metrics, vqa_scores  # noqa: E402
 
 # the VQA question types the quick start's pretraining moved at 150 images (session 37: shape +29, colour +0.7)
 VQA_TYPES = ("what shape is", "what color is the", "how many")
-CHANCE: dict[str, float] = {}  # a metric's random-candidate accuracy, where its runs record one (RefCOCO+)
 
 
-def vqa_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:
-    """{metric: (question ids, per-question accuracy in percent, image ids)}: overall and the types above."""
+def vqa_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray, float | None]]:
+    """{metric: (question ids, per-question accuracy in percent, image ids, chance)}: overall and the types above
+    (no chance: VQA's prior is per question type, in the run's metrics)."""
     answered, scores = vqa_scores(run)
     keys = [q.question_id for q in answered]
     values, images = np.array(scores), np.array([q.image_id for q in answered])
     types = np.array([q.question_type for q in answered])
-    out = {"VQA overall": (keys, values, images)}
+    out = {"VQA overall": (keys, values, images, None)}
     for t in VQA_TYPES:
         k = types == t
-        out[f'VQA "{t}"'] = ([q for q, x in zip(keys, k) if x], values[k], images[k])
+        out[f'VQA "{t}"'] = ([q for q, x in zip(keys, k) if x], values[k], images[k], None)
     return out
 
 
-def refcoco_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:
+def refcoco_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray, float | None]]:
+    """{metric: (expression keys, per-expression accuracy in percent, image ids, the random candidate's)}."""
     examples, chance = refcoco_metrics(run, "gt")
     (name, ex), = examples.items()
-    CHANCE[name] = chance[name]
-    return {name: (list(ex.keys), np.asarray(ex.values, float), np.asarray(ex.images))}
+    return {name: (list(ex.keys), np.asarray(ex.values, float), np.asarray(ex.images), chance[name])}
 
 
 def rows_of(specs: list[str]) -> dict[str, list[Path]]:
@@ -60,15 +60,15 @@ def rows_of(specs: list[str]) -> dict[str, list[Path]]:
 
 
 def task_report(rows: dict[str, list[Path]], read, baseline: str, reference: str) -> dict:
-    """{metric: {row: {...}}} for one task's rows."""
+    """{metric: {"chance": ..., "rows": {row: {...}}}} for one task's rows."""
     runs = {name: [read(r) for r in dirs] for name, dirs in rows.items()}
     counts = {len(v) for v in runs.values()}
     if len(counts) != 1:
         raise SystemExit(f"rows have {sorted(counts)} runs: give one per seed in every row")
     first = next(iter(runs.values()))[0]
     out: dict = {}
-    for metric, (keys, _, images) in first.items():
-        out[metric] = {}
+    for metric, (keys, _, images, chance) in first.items():
+        out[metric] = {"chance": chance, "rows": {}}
         per_row = {}
         for name, seeds in runs.items():
             for s in seeds:
@@ -84,7 +84,7 @@ def task_report(rows: dict[str, list[Path]], read, baseline: str, reference: str
                 if other in per_row and name != baseline:
                     diffs = acc.mean(1) - per_row[other].mean(1)
                     entry[f"minus_{other}"] = {"per_seed": diffs.tolist(), "t95": summarise(diffs)["ci95"]}
-            out[metric][name] = entry
+            out[metric]["rows"][name] = entry
     return out
 
 
@@ -101,7 +101,8 @@ def markdown(report: dict, baseline: str, reference: str) -> str:
              "bootstrap over images. Differences: seed by seed (the same seed: the same training images and "
              "batches), their mean, and a t-interval over the seeds.", ""]
     for task, metrics in report.items():
-        for metric, rows in metrics.items():
+        for metric, entry in metrics.items():
+            rows = entry["rows"]
             lines += [f"## {metric} ({task})", "",
                       f"| row | per seed | mean over seeds [images] | minus {baseline} | over seeds (t) "
                       f"| minus {reference} | over seeds (t) |", "|---|---|---|---|---|---|---|"]
@@ -115,8 +116,8 @@ def markdown(report: dict, baseline: str, reference: str) -> str:
                         " / ".join(f"{v:+.2f}" for v in d["per_seed"]) + f"; {np.mean(d['per_seed']):+.2f}",
                         interval(d["t95"], signed=True)]
                 lines.append("| " + " | ".join(cells) + " |")
-            if metric in CHANCE:
-                lines.append(f"\nA random candidate: {CHANCE[metric]:.2f}.")
+            if entry["chance"] is not None:
+                lines.append(f"\nA random candidate: {entry['chance']:.2f}.")
             lines.append("")
     return "\n".join(lines)
 
@@ -127,17 +128,17 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(task, metric, rows) for task, metrics in report.items() for metric, rows in metrics.items()]
+    panels = [(metric, m["rows"], m["chance"]) for metrics in report.values() for metric, m in metrics.items()]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6), squeeze=False)
-    for ax, (_, metric, rows) in zip(axes[0], panels):
+    for ax, (metric, rows, chance) in zip(axes[0], panels):
         for x, (name, e) in enumerate(rows.items()):
             m = e["mean_over_seeds"]
             ax.bar(x, m["mean"], color="#9ecae1" if name != "none" else "#d9d9d9")
             ax.errorbar(x, m["mean"], yerr=[[m["mean"] - m["ci95"][0]], [m["ci95"][1] - m["mean"]]], color="k",
                         capsize=3)
             ax.scatter([x] * len(e["per_seed"]), e["per_seed"], color="#08519c", s=12, zorder=3)
-        if metric in CHANCE:
-            ax.axhline(CHANCE[metric], color="k", ls="--", lw=0.8, label="random candidate")
+        if chance is not None:
+            ax.axhline(chance, color="k", ls="--", lw=0.8, label="random candidate")
             ax.legend(fontsize=7, loc="lower left")
         ax.set_xticks(range(len(rows)), list(rows), rotation=30, ha="right")
         ax.set_title(metric, fontsize=9)
