@@ -6,10 +6,11 @@ paired difference from the model without visual-linguistic pretraining, and the 
 
 `--runs` holds `<task>/<init>/` finetune run directories, as `launch/table4.sh` leaves them: tasks `vqa`,
 `refcoco_gt`, `refcoco_detected`, `vcr_qa`, `vcr_qar` (Q->AR is read off a variant's Q->A and QA->R runs
-together), inits `pretrained`, `none`, `no_mrc`, `no_text` (any present). Each run is read from its per-example
-outputs (`results_<split>.json` scored again with the official VQA accuracy, `predictions_<split>.json`), not
-from its summary. Writes table4.md, table4.json and table4.png (each metric per variant, with intervals and
-the prior/chance) under `--out`.
+together), `vqg` (a BERT-gen run), inits `pretrained`, `none`, `no_mrc`, `no_text` (any present). Each run is read
+from its per-example outputs (`results_<split>.json` scored again with the official VQA accuracy,
+`predictions_<split>.json`; VQG's questions scored again per image), not from its summary. VQG's "prior" is one
+question asked of every image (see `vqg_metrics`). Writes table4.md, table4.json and
+table4.png (each metric per variant, with intervals and the prior/chance) under `--out`.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from diagnostics.report import write_report
 from diagnostics.statistics import clustered_bootstrap
 
 from .vqa_score import read_results, read_vqa, vqa_accuracy
+from .vqg import read_split
+from .vqg_decoding import asked_of, generic_questions, norm
+from .vqg_eval import per_image_cider
 
 INITS = ("pretrained", "none", "no_mrc", "no_text")
 INIT_LABELS = {"pretrained": "VL pretrained", "none": "no VL pretraining (step 0)",
                "no_mrc": "pretrained without MRC", "no_text": "pretrained without the text corpus"}
-TASKS = ("vqa", "refcoco_gt", "refcoco_detected", "vcr_qa", "vcr_qar")
+TASKS = ("vqa", "refcoco_gt", "refcoco_detected", "vcr_qa", "vcr_qar", "vqg")
 BASELINE = "none"
 
 
@@ -96,6 +100,32 @@ def refcoco_metrics(run: Path, track: str) -> tuple[dict[str, Examples], dict[st
     return {name: ex}, {name: metrics["chance"]}
 
 
+def vqg_metrics(run: Path) -> tuple[dict[str, Examples], dict[str, float]]:
+    """Per evaluated image: CIDEr-D (x100) of its question, and whether the question is one of the image's own
+    references that is not generic (asked of >= 20% of the training images, as `finetune.vqg_decoding` counts
+    them): the generic ones fit almost any image and earn a high CIDEr without looking. The prior of each: one
+    question for every image, the training split's most frequent one (for the second, its most frequent
+    non-generic one)."""
+    cfg = run_config(run)
+    split, data = cfg["eval_split"], cfg["data"]
+    references = {im.image_id: im.questions for im in read_split(data[split])}
+    preds = {p["image_id"]: p["question"] for p in json.loads((run / f"predictions_{split}.json").read_text())}
+    asked, _ = asked_of(data["train"])
+    generic = generic_questions(data["train"])
+    common = asked.most_common(1)[0][0]
+    common_specific = next(q for q, _ in asked.most_common() if q not in generic)
+    own = {k: {norm(q) for q in v} - generic for k, v in references.items()}
+    images = sorted(preds)
+    inputs = {"image": "image only", "caption": "caption only", "both": "image + caption"}[cfg["inputs"]]
+    cider, prior = per_image_cider(preds, references), per_image_cider(dict.fromkeys(preds, common), references)
+    specific = f"VQG asks an own non-generic question ({inputs})"
+    cider_name = f"VQG CIDEr-D x100 ({inputs})"
+    return ({cider_name: Examples(images, [100.0 * cider[i] for i in images], images),
+             specific: Examples(images, [100.0 * (norm(preds[i]) in own[i]) for i in images], images)},
+            {cider_name: 100.0 * float(np.mean(list(prior.values()))),
+             specific: 100.0 * float(np.mean([common_specific in own[i] for i in images]))})
+
+
 def vcr_predictions(run: Path) -> dict:
     return json.loads((run / f"predictions_{run_config(run)['eval_split']}.json").read_text())
 
@@ -142,6 +172,8 @@ def read_runs(root: Path) -> tuple[dict[str, dict[str, Examples]], dict[str, flo
             both = {k: v for k, v in preds["qa"].items() if k in preds["qar"]}
             add(init, ({"VCR Q->AR": vcr_examples(both, lambda k, r=right: r["qa"](k) and r["qar"](k))},
                        {"VCR Q->AR": 6.25}))
+        if finished(root / "vqg" / init):
+            add(init, vqg_metrics(root / "vqg" / init))
     if not table:
         raise FileNotFoundError(f"{root}: no finetune runs under <task>/<init>/ (tasks {', '.join(TASKS)}; inits "
                                 f"{', '.join(INITS)})")
@@ -175,8 +207,8 @@ def markdown(rep: dict) -> str:
         cells += [fmt(r.get("minus_none", {}).get(i)) for i in inits if i != BASELINE]
         c = r["chance_or_prior"]
         lines.append("| " + " | ".join([metric, *cells, "—" if c is None else f"{c:.2f}"]) + " |")
-    return "\n".join(lines) + "\n\nPercent; 95% intervals from a bootstrap over images (2,000 resamples); " \
-                              "differences paired by example.\n"
+    return "\n".join(lines) + "\n\nPercent (VQG's CIDEr-D x100); 95% intervals from a bootstrap over images " \
+                              "(2,000 resamples); differences paired by example.\n"
 
 
 def plot(rep: dict, path: Path) -> Path:
@@ -205,8 +237,9 @@ def plot(rep: dict, path: Path) -> Path:
         if c is not None:
             ax.hlines(c, k - 0.45, k + 0.45, colors="k", linestyles="--", label="prior / chance" if k == 0 else None)
     ax.set_xticks(range(len(metrics)), metrics, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
+    ax.set_ylabel("accuracy (%); VQG: CIDEr-D x100")
+    # CIDEr-D x100 passes 100 when most words match every reference
+    ax.set_ylim(0, max(100.0, 1.1 * max(s["ci95"][1] for r in rep.values() for s in r["runs"].values())))
     ax.legend(fontsize=7, loc="upper right")
     ax.set_title("Table 4 at demo scale: finetuned from each pretraining (95% intervals by image)", fontsize=9)
     fig.tight_layout()

@@ -53,11 +53,19 @@ VARIANTS = {  # name: (label, changes to the config's `decode`)
 }
 
 
-def generic_questions(train_path: str, share: float) -> set[str]:
-    """Questions asked of at least `share` of the training images (case and spacing ignored)."""
+GENERIC_SHARE = 0.2  # a question asked of at least this share of the training images is generic
+
+
+def asked_of(train_path: str) -> tuple[Counter, int]:
+    """How many training images each question is asked of (case and spacing ignored), and how many images."""
     images = read_split(train_path)
-    counts = Counter(q for im in images for q in {norm(q) for q in im.questions})
-    return {q for q, n in counts.items() if n >= share * len(images)}
+    return Counter(q for im in images for q in {norm(q) for q in im.questions}), len(images)
+
+
+def generic_questions(train_path: str, share: float = GENERIC_SHARE) -> set[str]:
+    """Questions asked of at least `share` of the training images (case and spacing ignored)."""
+    counts, images = asked_of(train_path)
+    return {q for q, n in counts.items() if n >= share * images}
 
 
 def norm(text: str) -> str:
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="the VQGConfig the run used (data paths, eval split, decode)")
     p.add_argument("--run", required=True, help="a finetune.vqg run directory (its model/ is decoded)")
     p.add_argument("--out", help="default: <run>/decoding")
-    p.add_argument("--generic-share", type=float, default=0.2,
+    p.add_argument("--generic-share", type=float, default=GENERIC_SHARE,
                    help="a question asked of at least this share of training images is generic")
     p.add_argument("--variants", help="comma-separated names of VARIANTS (default: all)")
     p.add_argument("overrides", nargs="*")

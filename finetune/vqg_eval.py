@@ -28,22 +28,27 @@ def nqg_tokenize(text: str) -> str:
     return " ".join(re.findall(r"\w+|[^\w\s]", text.lower()))
 
 
-def question_metrics(predictions: dict[str, str], references: dict[str, list[str]], tokenization: str = "ptb",
-                     meteor: bool = True) -> dict[str, float]:
-    """predictions: image -> generated question; references: image -> all its reference questions."""
+def tokenized_pairs(predictions: dict[str, str], references: dict[str, list[str]], tokenization: str):
+    """Each image's question and its references, tokenised as pycocoevalcap's scorers take them
+    ({image: [text]}, the same image order in both)."""
     keys = sorted(predictions)
     missing = [k for k in keys if not references.get(k)]
     if missing:
         raise ValueError(f"no reference questions for images {missing[:5]}")
     if tokenization == "ptb":
         tok = PTBTokenizer()
-        res = tok.tokenize({k: [{"caption": predictions[k]}] for k in keys})
-        gts = tok.tokenize({k: [{"caption": r} for r in references[k]] for k in keys})
-    elif tokenization == "nqg":
-        res = {k: [nqg_tokenize(predictions[k])] for k in keys}
-        gts = {k: [nqg_tokenize(r) for r in references[k]] for k in keys}
-    else:
-        raise ValueError(f"tokenization: '{tokenization}' is not ptb or nqg")
+        return (tok.tokenize({k: [{"caption": predictions[k]}] for k in keys}),
+                tok.tokenize({k: [{"caption": r} for r in references[k]] for k in keys}))
+    if tokenization == "nqg":
+        return {k: [nqg_tokenize(predictions[k])] for k in keys}, {k: [nqg_tokenize(r) for r in references[k]]
+                                                                   for k in keys}
+    raise ValueError(f"tokenization: '{tokenization}' is not ptb or nqg")
+
+
+def question_metrics(predictions: dict[str, str], references: dict[str, list[str]], tokenization: str = "ptb",
+                     meteor: bool = True) -> dict[str, float]:
+    """predictions: image -> generated question; references: image -> all its reference questions."""
+    res, gts = tokenized_pairs(predictions, references, tokenization)
     out: dict[str, float] = {}
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     out.update({f"Bleu_{n + 1}": float(b) for n, b in enumerate(bleu)})
@@ -56,6 +61,15 @@ def question_metrics(predictions: dict[str, str], references: dict[str, list[str
     out["ROUGE_L"] = float(Rouge().compute_score(gts, res)[0])
     out["CIDEr"] = float(Cider().compute_score(gts, res)[0])
     return out
+
+
+def per_image_cider(predictions: dict[str, str], references: dict[str, list[str]],
+                    tokenization: str = "ptb") -> dict[str, float]:
+    """CIDEr-D of each image's question against its references (document frequencies from all the images given,
+    as the corpus score computes them, so the corpus score is the mean of these): values a bootstrap over images
+    can resample."""
+    res, gts = tokenized_pairs(predictions, references, tokenization)
+    return dict(zip(gts, map(float, Cider().compute_score(gts, res)[1]), strict=True))
 
 
 def distinct_n(texts: list[str], n: int) -> float:

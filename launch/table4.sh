@@ -10,10 +10,14 @@
 # RECIPE=demo: the same rows from the quick start's recipe instead (launch/configs/demo.yaml: runs/demo, runs/demo_step0,
 #   runs/demo_nomrc, runs/demo_notext; the quick start's pretraining ~15 min on 2 CPU cores).
 #   bash launch/table4.sh [init ...]            default: all four
-# Environment: TASKS (default "vqa refcoco_gt refcoco_detected vcr_qa vcr_qar"), OUT (default runs/table4): the
+# Environment: TASKS (default "vqa refcoco_gt refcoco_detected vcr_qa vcr_qar vqg"), OUT (default runs/table4): the
 #   finetune runs go to $OUT/<task>/<init>; each writes metrics_<split>.json and its per-example predictions beside
 #   it. FINETUNE_ARGS: overrides for every finetune run (the same budget for all, e.g. "epochs=0.5"); each task's
 #   own budget is its launcher's default (launch/configs/<task>_demo.yaml: the frozen detector, <= 10 min).
+#   vqg: BERT-gen (launch/finetune_vqg.sh) with its Θ from the export (the export's visual layers unused: BERT-gen
+#   maps regions with its own random W) and questions from the image alone (the demo's captions name every shape
+#   and colour, so with them a model need not look); region features from the export's own Fast R-CNN, extracted
+#   once to $OUT/vqg/features_<init>.tsv.
 #   PRETRAIN_ARGS: overrides for every pretraining run (on one GPU "data.caption_batch_size=8 data.text_batch_size=8":
 #   the CPU recipe's global batch of 2 ranks x (4 + 4)). MASTER_PORT: a port of its own per instance side by side.
 # Ends with `python -m finetune.table4`: the table with 95% intervals by image, the paired differences from
@@ -21,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-runs/table4}"
-tasks="${TASKS:-vqa refcoco_gt refcoco_detected vcr_qa vcr_qar}"
+tasks="${TASKS:-vqa refcoco_gt refcoco_detected vcr_qa vcr_qar vqg}"
 inits=("$@")
 [ ${#inits[@]} -gt 0 ] || inits=(pretrained none no_mrc no_text)
 
@@ -70,7 +74,8 @@ launcher() {
     refcoco_detected) echo "finetune_refcoco.sh track=detected" ;;
     vcr_qa) echo "finetune_vcr.sh" ;;
     vcr_qar) echo "finetune_vcr.sh" ;;
-    *) echo "launch/table4.sh: unknown task '$1' (vqa refcoco_gt refcoco_detected vcr_qa vcr_qar)" >&2; exit 2 ;;
+    vqg) echo "finetune_vqg.sh custom inputs=image" ;;
+    *) echo "launch/table4.sh: unknown task '$1' (vqa refcoco_gt refcoco_detected vcr_qa vcr_qar vqg)" >&2; exit 2 ;;
   esac
 }
 
@@ -79,11 +84,17 @@ for task in $tasks; do
   for init in "${inits[@]}"; do
     dir="$(run_dir "$init")"
     target="$out/$task/$init"
-    if [ -f "$target/metrics_val2014.json" ] || [ -f "$target/metrics_val.json" ]; then
+    if [ -f "$target/metrics_val2014.json" ] || [ -f "$target/metrics_val.json" ] || [ -f "$target/metrics_test.json" ]; then
       echo "== table4: $task from '$init' already in $target" >&2
       continue
     fi
     echo "== table4: finetuning $task from '$init' ($dir/export) into $target" >&2
+    if [ "$task" = vqg ]; then
+      # shellcheck disable=SC2086
+      DETECTOR="$dir/export" FEATURES="$out/vqg/features_$init.tsv" RUNS="$out/vqg" bash "launch/$script" $task_args \
+        init="$dir/export" engine.run_dir="$target" ${FINETUNE_ARGS:-} --overwrite
+      continue
+    fi
     # shellcheck disable=SC2086
     # the flag last: argparse takes the key=value overrides as one run of positionals
     SUBTASKS="${task#vcr_}" RUNS="$out/$task" bash "launch/$script" backbone.init="$dir/export" engine.run_dir="$target" $task_args \

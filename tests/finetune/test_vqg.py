@@ -109,6 +109,47 @@ def test_question_metrics_hand_computed():
         assert ptb["Bleu_1"] == pytest.approx(6 / 7, abs=1e-6)
 
 
+def _vqg_csv(path: Path, images: dict[str, list[str]]) -> str:
+    path.write_text("image_id,image_url,questions,ratings\n" +
+                    "".join(f"{k},{k}.jpg,{'---'.join(v)},\n" for k, v in images.items()))
+    return str(path)
+
+
+@pytest.mark.skipif(not shutil.which("java"), reason="PTB tokenizer needs java")
+def test_table4_scores_vqg_per_image_against_one_question_for_every_image(tmp_path):
+    """Table 4's VQG column: CIDEr-D recomputed per image from the run's predictions (their mean is the corpus
+    CIDEr-D), whether each question is one of the image's own non-generic references, and the priors (the
+    training split's most frequent question, and its most frequent non-generic one, for every image), by hand.
+    With n-gram-distinct references, a question equal to an image's only reference scores 10; equal to one of two
+    references whose other shares no weighted n-gram, 5; sharing nothing, 0."""
+    from finetune.table4 import vqg_metrics
+    from finetune.vqg_eval import question_metrics
+
+    # 20 training images: generic = asked of >= 4 of them
+    train = {f"t{i}": ["how many shapes are there?"] + ["what color is the circle?"] * (i < 5)
+             + ["Is the square  big?"] * (i < 3) + ["what is under the cloth?"] * (i == 7) for i in range(20)}
+    test = {"a": ["what color is the circle?"], "b": ["how many shapes are there?", "is the square big?"],
+            "c": ["what is under the cloth?"]}
+    data = {"train": _vqg_csv(tmp_path / "train.csv", train), "test": _vqg_csv(tmp_path / "test.csv", test)}
+    run = tmp_path / "vqg" / "pretrained"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"config": {"eval_split": "test", "inputs": "image", "data": data}}))
+    preds = {"a": "what color is the circle?", "b": "is the square big?", "c": "what color is the star?"}
+    (run / "predictions_test.json").write_text(json.dumps([{"image_id": k, "question": q} for k, q in preds.items()]))
+    found, prior = vqg_metrics(run)
+    cider, own = found["VQG CIDEr-D x100 (image only)"], found["VQG asks an own non-generic question (image only)"]
+    assert list(cider.keys) == ["a", "b", "c"] and list(cider.images) == ["a", "b", "c"]
+    assert cider.values[:2].tolist() == pytest.approx([1000.0, 500.0]) and 0 < cider.values[2] < 500
+    corpus = question_metrics(preds, test, "ptb", meteor=False)["CIDEr"]
+    assert cider.values.mean() == pytest.approx(100 * corpus)
+    # a's question is its reference, but a generic one (5 of 20 training images); c's is none of its references
+    assert own.values.tolist() == [0.0, 100.0, 0.0]
+    # "how many shapes are there?" for every image: one of b's two references, nothing shared with a's or c's
+    assert prior["VQG CIDEr-D x100 (image only)"] == pytest.approx(500 / 3)
+    # "is the square big?" (3 of 20, case and spacing ignored) for every image: b's alone
+    assert prior["VQG asks an own non-generic question (image only)"] == pytest.approx(100 / 3)
+
+
 def test_epoch_loader_resumes_exactly():
     from train.loaders import EpochLoader
 
@@ -247,6 +288,12 @@ def test_launcher_refuses_unknown_steps_and_missing_inputs(tmp_path):
     env = {**os.environ, "CONFIG": str(config), "RUNS": str(tmp_path / "runs"), "NUM_GPUS": "0"}
     out = subprocess.run(["bash", str(script), "step3"], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "step3 needs step1 first" in out.stderr
+    out = subprocess.run(["bash", str(script), "custom"], capture_output=True, text=True,
+                         env={**env, "DETECTOR": str(tmp_path)})
+    assert out.returncode == 2 and "DETECTOR and FEATURES go together" in out.stderr
+    out = subprocess.run(["bash", str(script), "custom"], capture_output=True, text=True,
+                         env={**env, "DETECTOR": str(tmp_path), "FEATURES": str(tmp_path / "f.tsv")})
+    assert out.returncode == 2 and f"DETECTOR '{tmp_path}' is not an export" in out.stderr
 
 
 def test_bert_gen_starts_from_a_vl_bert_export(tmp_path):
