@@ -182,7 +182,10 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
     """BertGen with Θ from `cfg.init` and W from `cfg.init_projection` (or random); returns it and a
     record of where every part came from."""
 
-    gen_updates = {"visual_embedding": "linear", "precomputed_feature_size": feature_size}
+    # a VL-BERT export's region words and word-region alignment read its Fast R-CNN's classifiers: BERT-gen maps
+    # precomputed features through W and has neither
+    gen_updates = {"visual_embedding": "linear", "precomputed_feature_size": feature_size,
+                   "region_word_alignment": None}
     source = bert_source_dir(cfg.init) if cfg.init != "random" else None
     record = {"step": cfg.step, "inputs": cfg.inputs, "init": cfg.init, "init_projection": cfg.init_projection,
               "train_only_projection": cfg.train_only_projection}

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -306,7 +307,10 @@ def test_bert_gen_starts_from_a_vl_bert_export(tmp_path):
 
     torch.manual_seed(0)
     vl = VLBertForPretraining(model_config("tiny"), with_fast_rcnn=False)
-    save_pretrained(vl.state_dict(), vl.cfg, tmp_path / "export")
+    # the quick start's config: its regions' words and the word-region alignment loss, which read the Fast
+    # R-CNN's classifiers; BERT-gen has neither (its regions come through W)
+    cfg = replace(vl.cfg, region_class_words=[[5], [6, 7]], region_word_alignment=0.1)
+    save_pretrained(vl.state_dict(), cfg, tmp_path / "export")
     gen, record = build_model(VQGConfig(init=str(tmp_path / "export")), feature_size=24)
     own = gen.model.state_dict()
     for key in ("vl_bert.encoder.layer.1.output.dense.weight", "vl_bert.embeddings.word_embeddings.weight",
