@@ -107,9 +107,14 @@ def vqg_metrics(run: Path) -> tuple[dict[str, Examples], dict[str, float]]:
     question for every image, the training split's most frequent one (for the second, its most frequent
     non-generic one)."""
     cfg = run_config(run)
-    split, data = cfg["eval_split"], cfg["data"]
-    references = {im.image_id: im.questions for im in read_split(data[split])}
-    preds = {p["image_id"]: p["question"] for p in json.loads((run / f"predictions_{split}.json").read_text())}
+    preds = json.loads((run / f"predictions_{cfg['eval_split']}.json").read_text())
+    return vqg_examples(cfg, {p["image_id"]: p["question"] for p in preds})
+
+
+def vqg_examples(cfg: dict, preds: dict[str, str]) -> tuple[dict[str, Examples], dict[str, float]]:
+    """`vqg_metrics` of questions `preds` ({image: question}) generated under a VQG run's config `cfg`."""
+    data = cfg["data"]
+    references = {im.image_id: im.questions for im in read_split(data[cfg["eval_split"]])}
     asked, _ = asked_of(data["train"])
     generic = generic_questions(data["train"])
     common = asked.most_common(1)[0][0]

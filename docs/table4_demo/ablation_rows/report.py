@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from diagnostics.statistics import clustered_bootstrap, summarise  # noqa: E402
-from finetune.table4 import refcoco_metrics, vqa_scores  # noqa: E402
+from finetune.table4 import refcoco_metrics, vqa_scores, vqg_metrics  # noqa: E402
 
 # the VQA question types the quick start's pretraining moved at 150 images (session 37: shape +29, colour +0.7)
 VQA_TYPES = ("what shape is", "what color is the", "how many")
@@ -47,6 +47,14 @@ def refcoco_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray, floa
     examples, chance = refcoco_metrics(run, "gt")
     (name, ex), = examples.items()
     return {name: (list(ex.keys), np.asarray(ex.values, float), np.asarray(ex.images), chance[name])}
+
+
+def vqg_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray, float | None]]:
+    """{metric: (image ids, per-image value, image ids, one question for every image's)}: CIDEr-D x100 and the
+    own non-generic question rate (`finetune.table4.vqg_metrics`)."""
+    examples, prior = vqg_metrics(run)
+    return {name: (list(ex.keys), np.asarray(ex.values, float), np.asarray(ex.images), prior[name])
+            for name, ex in examples.items()}
 
 
 def rows_of(specs: list[str]) -> dict[str, list[Path]]:
@@ -88,6 +96,10 @@ def task_report(rows: dict[str, list[Path]], read, baseline: str, reference: str
     return out
 
 
+def chance_label(metric: str) -> str:
+    return "one question for every image" if metric.startswith("VQG") else "a random candidate"
+
+
 def interval(lo_hi: list[float] | None, signed: bool = False) -> str:
     if lo_hi is None:
         return ""
@@ -117,7 +129,7 @@ def markdown(report: dict, baseline: str, reference: str) -> str:
                         interval(d["t95"], signed=True)]
                 lines.append("| " + " | ".join(cells) + " |")
             if entry["chance"] is not None:
-                lines.append(f"\nA random candidate: {entry['chance']:.2f}.")
+                lines.append(f"\n{chance_label(metric).capitalize()}: {entry['chance']:.2f}.")
             lines.append("")
     return "\n".join(lines)
 
@@ -138,7 +150,7 @@ def plot(report: dict, path: Path) -> None:
                         capsize=3)
             ax.scatter([x] * len(e["per_seed"]), e["per_seed"], color="#08519c", s=12, zorder=3)
         if chance is not None:
-            ax.axhline(chance, color="k", ls="--", lw=0.8, label="random candidate")
+            ax.axhline(chance, color="k", ls="--", lw=0.8, label=chance_label(metric).removeprefix("a "))
             ax.legend(fontsize=7, loc="lower left")
         ax.set_xticks(range(len(rows)), list(rows), rotation=30, ha="right")
         ax.set_title(metric, fontsize=9)
@@ -154,17 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vqa", action="append", default=[], help="NAME=RUN_DIR,RUN_DIR,... (one per seed)")
     ap.add_argument("--refcoco", action="append", default=[], help="NAME=RUN_DIR,RUN_DIR,... (gt boxes)")
+    ap.add_argument("--vqg", action="append", default=[], help="NAME=RUN_DIR,RUN_DIR,... (BERT-gen runs)")
+    ap.add_argument("--vqg-task", default="VQG, image only", help="the VQG rows' heading")
     ap.add_argument("--baseline", default="none")
     ap.add_argument("--reference", default="pretrained")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     report = {}
     for task, specs, read in (("VQA, 150 training images", args.vqa, vqa_run),
-                              ("RefCOCO+, 150 training images", args.refcoco, refcoco_run)):
+                              ("RefCOCO+, 150 training images", args.refcoco, refcoco_run),
+                              (args.vqg_task, args.vqg, vqg_run)):
         if specs:
             report[task] = task_report(rows_of(specs), read, args.baseline, args.reference)
     if not report:
-        raise SystemExit("nothing to report: give --vqa and/or --refcoco rows")
+        raise SystemExit("nothing to report: give --vqa, --refcoco and/or --vqg rows")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ablation.json").write_text(json.dumps(report, indent=1))
