@@ -11,7 +11,7 @@
 #       all            (default) every step in order, then the report
 # --overwrite / --resume: passed to every run (a run directory holding another run is refused otherwise).
 # Environment: CONFIG (default launch/configs/vqg_demo.yaml), RUNS (default runs/vqg),
-#   NUM_GPUS (default: all local GPUs; on CPU one process).
+#   NUM_GPUS (default: all local GPUs; on CPU one process), MASTER_PORT (default 29500).
 #   DETECTOR: a VL-BERT export whose Fast R-CNN gives the region features, FEATURES: where they go (both or
 #   neither; every step then reads them: data.features).
 # With the demo config, the demo corpus and its region features (our Fast R-CNN: DETECTOR's, else the demo
@@ -74,7 +74,9 @@ run_step() {  # name, then key=value settings of that step
   local name="$1"; shift
   echo "== $name ==" >&2
   if [ "$gpus" -gt 0 ]; then
-    forward_signals ranks deepspeed --num_gpus "$gpus" --module finetune.vqg --config "$config" \
+    # MASTER_PORT: launchers side by side on one node (launch/table4.sh's rows on one GPU) need a port each
+    forward_signals ranks deepspeed --num_gpus "$gpus" --master_port "${MASTER_PORT:-29500}" --module finetune.vqg \
+      --config "$config" \
       ${flags[@]+"${flags[@]}"} step="$name" \
       engine.run_dir="$runs/$name" "$@" ${overrides[@]+"${overrides[@]}"}
   else
