@@ -35,6 +35,8 @@ fi
 log "corpus and warm-up ready"
 export PRETRAIN_ARGS="data.caption_batch_size=8 data.text_batch_size=8 engine.eval_every=400 engine.checkpoint_every=400
   engine.precision=fp32 ${PRETRAIN_EXTRA:-}"
+# the tasks it was sized for: VQG (launch/table4.sh's default since session 40) needs java to score, and time
+export TASKS="${TASKS:-vqa refcoco_gt refcoco_detected vcr_qa vcr_qar}"
 declare -A pid
 port=29611
 for init in pretrained none no_mrc no_text; do
