@@ -3,7 +3,7 @@
 # runs/demo/export (pretrained) and runs/demo_step0/export (none), each with its own detector's region features;
 # launch/table4.sh pretrains a missing row first (the quick start ~25 min with its warm-up, step 0 ~1 min).
 #   1. the config's budget (1 epoch, 224 steps of 32, ~4 min + 1 min decoding and scoring), finetune seeds 0 1 2;
-#   2. seed 0 with 3 epochs, and seed 0 on features standardised by the training split's regions;
+#   2. seeds 0 and 1 with 3 epochs, and seed 0 on features standardised by the training split's regions;
 #   3. the image control on every run (its questions again with another image's regions) and the reports.
 #   bash docs/table4_demo/vqg/run.sh           OUT (default runs/table4_vqg)
 set -euo pipefail
@@ -16,21 +16,27 @@ for seed in 0 1 2; do
   fi
   RECIPE=demo TASKS=vqg OUT="$out/s$seed" REPORT=0 FINETUNE_ARGS="seed=$seed" bash launch/table4.sh pretrained none
 done
-mkdir -p "$out/std_s0/vqg" "$out/e3_s0/vqg"
+mkdir -p "$out/std_s0/vqg" "$out/e3_s0/vqg" "$out/e3_s1/vqg"
 for init in pretrained none; do
   python "$here/standardise_features.py" "$out/s0/vqg/features_$init.tsv" "$out/std_s0/vqg/features_$init.tsv" \
     --train data/demo/raw/vqg/coco_train_all.csv
-  cp -n "$out/s0/vqg/features_$init.tsv" "$out/e3_s0/vqg/"
+  cp -n "$out/s0/vqg/features_$init.tsv" "$out/e3_s0/vqg/"; cp -n "$out/s0/vqg/features_$init.tsv" "$out/e3_s1/vqg/"
 done
 RECIPE=demo TASKS=vqg OUT="$out/std_s0" REPORT=0 FINETUNE_ARGS="seed=0" bash launch/table4.sh pretrained none
-RECIPE=demo TASKS=vqg OUT="$out/e3_s0" REPORT=0 FINETUNE_ARGS="seed=0 epochs=3" bash launch/table4.sh pretrained none
+for seed in 0 1; do
+  RECIPE=demo TASKS=vqg OUT="$out/e3_s$seed" REPORT=0 FINETUNE_ARGS="seed=$seed epochs=3" \
+    bash launch/table4.sh pretrained none
+done
 
 python "$here/image_control.py" "$out"/s{0,1,2}/vqg/{pretrained,none} --out "$here/image_control"
 runs=()
 for init in none pretrained; do runs+=(--vqg "$init=$out/s0/vqg/$init,$out/s1/vqg/$init,$out/s2/vqg/$init"); done
 python docs/table4_demo/ablation_rows/report.py "${runs[@]}" --vqg-task "VQG, image only, 1 epoch (the config's budget)" \
   --out "$here/seeds"
-for d in std_s0 e3_s0; do
+runs=()
+for init in none pretrained; do runs+=(--vqg "$init=$out/e3_s0/vqg/$init,$out/e3_s1/vqg/$init"); done
+python docs/table4_demo/ablation_rows/report.py "${runs[@]}" --vqg-task "VQG, image only, 3 epochs" --out "$here/e3_seeds"
+for d in std_s0 e3_s0 e3_s1; do
   python -m finetune.table4 --runs "$out/$d" --out "$here/$d"
   python "$here/image_control.py" "$out/$d"/vqg/{pretrained,none} --out "$here/$d"
 done
