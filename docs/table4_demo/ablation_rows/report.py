@@ -155,8 +155,10 @@ def plot(report: dict, path: Path) -> None:
         ax.set_xticks(range(len(rows)), list(rows), rotation=30, ha="right")
         ax.set_title(metric, fontsize=9)
         low = min(min(e["per_seed"]) for e in rows.values())
-        ax.set_ylim(max(0.0, low - 10), min(100.0, max(max(e["per_seed"]) for e in rows.values()) + 5))
-    axes[0][0].set_ylabel("val accuracy (%)")
+        top = max(max(e["per_seed"]) + 5 for e in rows.values())  # CIDEr-D x100 passes 100; accuracies do not
+        ax.set_ylim(max(0.0, low - 10), top if metric.startswith("VQG") else min(100.0, top))
+    vqg = all(metric.startswith("VQG") for metric, _, _ in panels)
+    axes[0][0].set_ylabel("test: percent, CIDEr-D x100" if vqg else "val accuracy (%)")
     fig.suptitle("bars: mean over finetuning seeds (95% interval over images); dots: one run per seed", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
