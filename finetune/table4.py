@@ -27,7 +27,7 @@ from diagnostics.statistics import clustered_bootstrap
 
 from .vqa_score import read_results, read_vqa, vqa_accuracy
 from .vqg import read_split
-from .vqg_decoding import asked_of, generic_questions, norm
+from .vqg_decoding import asked_of, generic_of, norm
 from .vqg_eval import per_image_cider
 
 INITS = ("pretrained", "none", "no_mrc", "no_text")
@@ -115,8 +115,8 @@ def vqg_examples(cfg: dict, preds: dict[str, str]) -> tuple[dict[str, Examples],
     """`vqg_metrics` of questions `preds` ({image: question}) generated under a VQG run's config `cfg`."""
     data = cfg["data"]
     references = {im.image_id: im.questions for im in read_split(data[cfg["eval_split"]])}
-    asked, _ = asked_of(data["train"])
-    generic = generic_questions(data["train"])
+    asked, train_images = asked_of(data["train"])
+    generic = generic_of(asked, train_images)
     common = asked.most_common(1)[0][0]
     common_specific = next(q for q, _ in asked.most_common() if q not in generic)
     own = {k: {norm(q) for q in v} - generic for k, v in references.items()}

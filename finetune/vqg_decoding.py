@@ -64,7 +64,11 @@ def asked_of(train_path: str) -> tuple[Counter, int]:
 
 def generic_questions(train_path: str, share: float = GENERIC_SHARE) -> set[str]:
     """Questions asked of at least `share` of the training images (case and spacing ignored)."""
-    counts, images = asked_of(train_path)
+    return generic_of(*asked_of(train_path), share)
+
+
+def generic_of(counts: Counter, images: int, share: float = GENERIC_SHARE) -> set[str]:
+    """`generic_questions` from `asked_of`'s counts."""
     return {q for q, n in counts.items() if n >= share * images}
 
 
