@@ -13,6 +13,12 @@ step3_scratch image + caption from BERT with a random W.
 export (pretrained with this repository; its visual layers are not used, BERT-gen has its own W), or a
 BERT-gen run's `model/`. `init_projection` gives W from a BERT-gen run's `model/` (None = random).
 
+`visual_input` says how the image enters: "linear" is the paper's (Θ's BERT, a Linear W over the features);
+"vlbert" keeps a VL-BERT export whole (`model.bert_gen.VLBertGen`): its visual embedding, its region words and
+word-region alignment, its Fast R-CNN naming the regions, so what pretraining taught about images is kept. It
+needs `init` = a VL-BERT export and region features from that export's own detector (`finetune.vqg_features
+--model <export>`).
+
 Outputs under engine.run_dir: TensorBoard, checkpoints, `model/` (weights + config + tokenizer +
 `bert_gen.json`, which says the step and what it was initialised from), `predictions_<split>.json`
 (`[{image_id, question, score}]`), `metrics_<split>.json` (both tokenisations), `xsim_<split>.json`,
@@ -34,7 +40,7 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm import tqdm
 
-from model.bert_gen import BertGen
+from model.bert_gen import BertGen, VLBertGen
 from model.config import required
 from model.export import is_export_dir, load_config_dir, load_weights, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
@@ -81,6 +87,7 @@ class VQGDataConfig:
 class VQGConfig:
     step: str = "custom"  # step1 | step2 | step2_unfreeze | step3 | step3_scratch | custom: a label
     inputs: str = "caption"  # caption | image | both
+    visual_input: str = "linear"  # linear (BERT-gen's W) | vlbert (the export's own visual input, region words)
     init: str = "packaged"
     init_projection: str | None = None
     train_only_projection: bool = False  # Step 2: every other parameter frozen
@@ -152,7 +159,9 @@ class VQGSet:
         if inputs != "caption":
             feats, boxes, rmask = region_tensors([self.features[self.images[i].image_id] for i in image_indices],
                                                  self.cfg.max_regions)
-            out.update(features=feats, boxes=boxes, region_mask=rmask)
+            sizes = [self.features[self.images[i].image_id] for i in image_indices]
+            out.update(features=feats, boxes=boxes, region_mask=rmask,
+                       image_hw=torch.tensor([[r.height, r.width] for r in sizes], dtype=torch.long))
         return out
 
     def batch(self, pair_indices: list[int]) -> dict:
@@ -162,7 +171,8 @@ class VQGSet:
 
 
 def model_inputs(batch: dict) -> dict:
-    return {k: batch[k] for k in ("text_ids", "text_mask", "features", "boxes", "region_mask") if k in batch}
+    return {k: batch[k] for k in ("text_ids", "text_mask", "features", "boxes", "region_mask", "image_hw")
+            if k in batch}
 
 
 class VQGTask(nn.Module):
@@ -180,7 +190,11 @@ class VQGTask(nn.Module):
 
 def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
     """BertGen with Θ from `cfg.init` and W from `cfg.init_projection` (or random); returns it and a
-    record of where every part came from."""
+    record of where every part came from. visual_input=vlbert: a VLBertGen holding the whole export."""
+    if cfg.visual_input == "vlbert":
+        return build_vlbert_gen(cfg, feature_size)
+    if cfg.visual_input != "linear":
+        raise ValueError(f"visual_input: '{cfg.visual_input}' is not 'linear' or 'vlbert'")
 
     # a VL-BERT export's region words and word-region alignment read its Fast R-CNN's classifiers: BERT-gen maps
     # precomputed features through W and has neither
@@ -230,8 +244,34 @@ def build_model(cfg: VQGConfig, feature_size: int) -> tuple[BertGen, dict]:
     return gen, record
 
 
+def build_vlbert_gen(cfg: VQGConfig, feature_size: int) -> tuple[VLBertGen, dict]:
+    source = bert_source_dir(cfg.init) if cfg.init != "random" else None
+    if source is None or not is_export_dir(source):
+        raise ValueError(f"visual_input=vlbert keeps a VL-BERT export's visual input: init must be an export "
+                         f"directory (got '{cfg.init}')")
+    if cfg.init_projection or cfg.train_only_projection:
+        raise ValueError("visual_input=vlbert has no projection W: init_projection / train_only_projection do not "
+                         "apply")
+    gen = VLBertGen(load_config_dir(source, {"precomputed_feature_size": feature_size}))
+    detector_size = gen.bert.fast_rcnn.feature_size
+    if detector_size != feature_size:
+        raise ValueError(f"data.features: {feature_size}-d region features, the Fast R-CNN of {source} computes "
+                         f"{detector_size}-d ones: extract them with `python -m finetune.vqg_features --model "
+                         f"{source}`")
+    missing, unexpected = load_weights(gen.model, source)
+    if missing or unexpected:
+        raise ValueError(f"{source}: not a VL-BERT export this model can hold (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    record = {"step": cfg.step, "inputs": cfg.inputs, "init": cfg.init, "visual_input": "vlbert",
+              "theta_from": f"{source} (whole: visual embedding, region words, Fast R-CNN frozen)",
+              "projection_from": "none (VL-BERT's visual embedding)", "init_projection": None,
+              "train_only_projection": False}
+    return gen, record
+
+
 def load_bert_gen(path: str | Path) -> BertGen:
-    gen = BertGen(load_config_dir(path))
+    mcfg = load_config_dir(path)
+    gen = VLBertGen(mcfg) if mcfg.visual_embedding == "vlbert" else BertGen(mcfg)
     missing, unexpected = load_weights(gen.model, path)
     if missing or unexpected:
         raise ValueError(f"{path}: not a BERT-gen model directory (missing {missing[:3]}, unexpected {unexpected[:3]})")
@@ -278,7 +318,8 @@ def xsim(gen: BertGen, data: VQGSet, batch_size: int = 32, device="cpu", limit: 
     for start in range(0, len(usable), batch_size):
         b = to_device(data.inputs_for(usable[start: start + batch_size], "both"), device)
         imgs.append(gen.cls_states(gen.embed_input(features=b["features"], boxes=b["boxes"],
-                                                   region_mask=b["region_mask"]))[1:].float().cpu())
+                                                   region_mask=b["region_mask"], image_hw=b["image_hw"])
+                                   )[1:].float().cpu())
         caps.append(gen.cls_states(gen.embed_input(text_ids=b["text_ids"], text_mask=b["text_mask"]))[1:].float().cpu())
     img, cap = torch.cat(imgs, 1), torch.cat(caps, 1)  # [layers, images, hidden]
     cos = torch.nn.functional.cosine_similarity(img, cap, dim=-1)  # [layers, images]
@@ -302,13 +343,12 @@ def attention_view(gen: BertGen, data: VQGSet, index: int, question_ids: list[in
     t = target.shape[1]
     weights = out.attentions[-1][0].mean(0)[-t:, : inp.mask.shape[1]].mean(0)  # [P] over input elements
     n_regions = b["region_mask"].shape[1] if "region_mask" in b else 0
-    region_w = weights[1: 1 + n_regions][b["region_mask"][0]].numpy() if n_regions else weights[:0].numpy()
+    region_w = weights[inp.regions][b["region_mask"][0]].numpy() if n_regions else weights[:0].numpy()
     words, word_w = [], weights[:0].numpy()
     if "text_ids" in b:
-        start = 1 + (n_regions + 1 if n_regions else 0)
         m = b["text_mask"][0]
         words = data.tokenizer.convert_ids_to_tokens(b["text_ids"][0][m].tolist())
-        word_w = weights[start: start + b["text_ids"].shape[1]][m].numpy()
+        word_w = weights[inp.words][m].numpy()
     im = data.images[index]
     image_path = Path(data.cfg.image_root) / im.url
     if n_regions and image_path.is_file():
@@ -361,9 +401,10 @@ class VQGRun(Task):
         parser.add_argument("--eval-only", action="store_true", help="evaluate <run_dir>/model without training")
 
     def build(self, cfg: VQGConfig, args, rank: int, world: int) -> Training | None:
-        if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both"):
-            raise SystemExit(f"step must be one of {STEPS} and inputs caption|image|both "
-                             f"(got {cfg.step}, {cfg.inputs})")
+        if cfg.step not in STEPS or cfg.inputs not in ("caption", "image", "both") or \
+                cfg.visual_input not in ("linear", "vlbert"):
+            raise SystemExit(f"step must be one of {STEPS}, inputs caption|image|both and visual_input "
+                             f"linear|vlbert (got {cfg.step}, {cfg.inputs}, {cfg.visual_input})")
         try:
             if not cfg.data.features:
                 raise FileNotFoundError("data.features: not set (region features are needed unless inputs=caption)")

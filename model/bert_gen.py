@@ -17,7 +17,7 @@ Interior padding (padded regions, padded captions) is allowed: positions count o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,7 @@ from torch import nn
 from .config import VLBertConfig
 from .encoder import KVBuffer
 from .heads import pack_for_inference
-from .vl_bert import SEGMENT_A, SEGMENT_B, VLBertForPretraining
+from .vl_bert import SEGMENT_A, SEGMENT_B, VLBertForPretraining, assemble_text
 
 INPUT, TARGET, PSEUDO_MASK = 0, 1, 2  # element kinds for the attention rule
 
@@ -43,11 +43,28 @@ def attention_rule(q_kind, q_time, k_kind, k_time, k_real) -> torch.Tensor:
 
 
 @dataclass
+class WordContext:
+    """What each target word adds to its embedding under VL-BERT's own input (`VLBertGen`): the whole image's visual
+    term, and its share of the region words it aligns to. BERT-gen's words add nothing (no context)."""
+    visual: torch.Tensor  # [B, 1, hidden]
+    region_terms: list[torch.Tensor] | None  # [B, R, hidden] each, when words align to regions
+    candidates: torch.Tensor | None  # [B, R]
+
+    def select(self, index: torch.Tensor) -> WordContext:
+        terms = None if self.region_terms is None else [t.index_select(0, index) for t in self.region_terms]
+        cands = None if self.candidates is None else self.candidates.index_select(0, index)
+        return WordContext(self.visual.index_select(0, index), terms, cands)
+
+
+@dataclass
 class GenInput:
     """The encoded-input side of a batch: summed embeddings before the embedding LayerNorm."""
     embeddings: torch.Tensor  # [B, P, hidden]
     mask: torch.Tensor  # [B, P] real elements
-    length: torch.Tensor  # [B] real elements = the position of y_1
+    length: torch.Tensor  # [B] the position of y_1 (BERT-gen: the real elements)
+    context: WordContext | None = None
+    regions: slice = field(default_factory=lambda: slice(0, 0))  # the image's elements of X (attention views)
+    words: slice = field(default_factory=lambda: slice(0, 0))  # the caption's word-pieces' elements (padded width)
 
 
 class BertGen(nn.Module):
@@ -73,9 +90,10 @@ class BertGen(nn.Module):
 
     def embed_input(self, text_ids: torch.Tensor | None = None, text_mask: torch.Tensor | None = None,
                     features: torch.Tensor | None = None, boxes: torch.Tensor | None = None,
-                    region_mask: torch.Tensor | None = None) -> GenInput:
+                    region_mask: torch.Tensor | None = None, image_hw: torch.Tensor | None = None) -> GenInput:
         """Caption word-pieces (no [CLS]/[SEP]) [B, M] + mask and/or region features [B, N, F] + normalised
-        boxes [B, N, 4] + mask -> X = `[CLS] (img.. [SEP]) (txt.. [SEP])`."""
+        boxes [B, N, 4] + mask -> X = `[CLS] (img.. [SEP]) (txt.. [SEP])`. image_hw [B, 2]: unused (W reads the
+        normalised boxes)."""
         cfg, emb = self.cfg, self.bert.embeddings
         if text_ids is None and features is None:
             raise ValueError("BERT-gen needs a caption, an image or both")
@@ -85,19 +103,25 @@ class BertGen(nn.Module):
         cls = self._tokens(torch.full((bsz, 1), cfg.cls_token_id, device=dev))
         sep = self._tokens(torch.full((bsz, 1), cfg.sep_token_id, device=dev))
         parts, masks = [cls], [one]
+        regions = words = slice(0, 0)
         if features is not None:
             parts += [self.bert.embed_regions_linear(features, boxes), sep]
             masks += [region_mask, one]
+            regions = slice(1, 1 + features.shape[1])
         if text_ids is not None:
+            start = 1 if features is None else regions.stop + 1
             parts += [self._tokens(text_ids), sep]
             masks += [text_mask, one]
+            words = slice(start, start + text_ids.shape[1])
         x = torch.cat([p.to(cls.dtype) for p in parts], 1)
         mask = torch.cat(masks, 1)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
         x = x + emb.position_embeddings(positions) + emb.token_type_embeddings.weight[SEGMENT_A]
-        return GenInput(x, mask, mask.sum(1))
+        return GenInput(x, mask, mask.sum(1), regions=regions, words=words)
 
-    def embed_target(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed_target(self, ids: torch.Tensor, positions: torch.Tensor, context: WordContext | None = None
+                     ) -> torch.Tensor:
+        """Target word-pieces [B, t] at positions [B, t] -> [B, t, hidden]: segment B (BERT-gen has no context)."""
         emb = self.bert.embeddings
         return emb.word_embeddings(ids) + emb.position_embeddings(positions) + \
             emb.token_type_embeddings.weight[SEGMENT_B]
@@ -113,8 +137,8 @@ class BertGen(nn.Module):
         steps = torch.arange(1, t + 1, device=dev).expand(bsz, t)
         positions = inp.length.unsqueeze(1) + steps - 1
         masks = torch.full_like(target_ids, self.cfg.mask_token_id)
-        x = torch.cat([inp.embeddings, self.embed_target(target_ids, positions),
-                       self.embed_target(masks, positions)], 1)
+        x = torch.cat([inp.embeddings, self.embed_target(target_ids, positions, inp.context),
+                       self.embed_target(masks, positions, inp.context)], 1)
         p = inp.mask.shape[1]
         kind = torch.cat([torch.full_like(inp.mask, INPUT, dtype=torch.long), torch.full_like(steps, TARGET),
                           torch.full_like(steps, PSEUDO_MASK)], 1)
@@ -158,7 +182,7 @@ class BertGen(nn.Module):
         out = self.bert.encode(inp.embeddings, inp.mask, use_cache=True)
         zeros = torch.zeros_like(inp.mask, dtype=torch.long)
         cache = [KVBuffer.holding(k, v, spare=max_length) for k, v in out.cache]
-        return DecodeState(cache, zeros, zeros.clone(), inp.mask, inp.length, 0, self.packed_decoder())
+        return DecodeState(cache, zeros, zeros.clone(), inp.mask, inp.length, 0, self.packed_decoder(), inp.context)
 
     def step(self, state: DecodeState, last: torch.Tensor | None) -> tuple[torch.Tensor, DecodeState]:
         """Append y_{t-1} (`last` [B]; None at t = 1) and a pseudo-[MASK]_t; return log P(y_t | X, y_<t)
@@ -169,12 +193,12 @@ class BertGen(nn.Module):
         pos_mask = (state.length + t - 1).unsqueeze(1)
         mask_tok = torch.full((bsz, 1), self.cfg.mask_token_id, device=dev)
         if last is None:
-            x = self.embed_target(mask_tok, pos_mask)
+            x = self.embed_target(mask_tok, pos_mask, state.context)
             q_kind = torch.full((bsz, 1), PSEUDO_MASK, device=dev)
             q_time = torch.full((bsz, 1), t, device=dev)
         else:
-            x = torch.cat([self.embed_target(last.unsqueeze(1), pos_mask - 1),
-                           self.embed_target(mask_tok, pos_mask)], 1)
+            x = torch.cat([self.embed_target(last.unsqueeze(1), pos_mask - 1, state.context),
+                           self.embed_target(mask_tok, pos_mask, state.context)], 1)
             q_kind = torch.tensor([TARGET, PSEUDO_MASK], device=dev).expand(bsz, 2)
             q_time = torch.tensor([t - 1, t], device=dev).expand(bsz, 2)
         ones = torch.ones_like(q_kind, dtype=torch.bool)
@@ -185,10 +209,11 @@ class BertGen(nn.Module):
         keep = -1  # everything but the pseudo-mask just appended (the next step writes over its slot)
         cache = [kv.truncate(kv.length - 1) for kv in out.cache]
         if last is None:
-            new = DecodeState(cache, state.kind, state.time, state.key_mask, state.length, t, state.packed)
+            new = DecodeState(cache, state.kind, state.time, state.key_mask, state.length, t, state.packed,
+                              state.context)
         else:
             new = DecodeState(cache, k_kind[:, :keep], k_time[:, :keep], torch.cat([state.key_mask, ones[:, :1]], 1),
-                              state.length, t, state.packed)
+                              state.length, t, state.packed, state.context)
         return logp, new
 
     def naive_step(self, inp: GenInput, history: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
@@ -199,7 +224,7 @@ class BertGen(nn.Module):
         steps = torch.arange(1, n + 2, device=dev).expand(bsz, n + 1)
         positions = inp.length.unsqueeze(1) + steps - 1
         ids = torch.cat([history, torch.full((bsz, 1), self.cfg.mask_token_id, device=dev)], 1)
-        x = torch.cat([inp.embeddings, self.embed_target(ids, positions)], 1)
+        x = torch.cat([inp.embeddings, self.embed_target(ids, positions, inp.context)], 1)
         kind = torch.cat([torch.full_like(inp.mask, INPUT, dtype=torch.long),
                           torch.full((bsz, n), TARGET, device=dev), torch.full((bsz, 1), PSEUDO_MASK, device=dev)], 1)
         time = torch.cat([torch.zeros_like(inp.mask, dtype=torch.long), steps], 1)
@@ -215,6 +240,69 @@ class BertGen(nn.Module):
         return torch.stack([h[:, 0] for h in out.hidden_states])
 
 
+class VLBertGen(BertGen):
+    """BERT-gen on VL-BERT's own input. X is the pretrained model's sequence for the image (and caption),
+    `[CLS] (caption) [SEP] [IMG](whole image) [IMG] x regions [END]`, built by `VLBert.embed` as in pretraining: the
+    visual feature embedding, each region's region words (its detector's class and attribute names) and each
+    word's aligned region words, where a model learned to read the image. BERT-gen's own X (a fresh Linear W over
+    the features, no region words) keeps none of that. Y's words are VL-BERT words: segment A, positions after
+    [END], the whole image's visual term and the region words they align to (a [MASK] aligns to none, as in the
+    MLM). Attention and decoding as BERT-gen's (`attention_rule`). Regions are precomputed features of the model's
+    own Fast R-CNN (`finetune.vqg_features`), which stays frozen: its classifiers name the regions."""
+
+    def __init__(self, cfg: VLBertConfig):
+        nn.Module.__init__(self)
+        if cfg.visual_embedding != "vlbert" or cfg.region_input != "pixels":
+            raise ValueError("VL-BERT's own input needs an end-to-end VL-BERT (visual_embedding 'vlbert', "
+                             "region_input 'pixels'): its Fast R-CNN names the regions")
+        self.cfg = cfg
+        self.model = VLBertForPretraining(cfg, with_fast_rcnn=True)
+        self.model.vl_bert.fast_rcnn.requires_grad_(False)  # the features were computed by it, once
+
+    def projection_parameters(self) -> list[str]:
+        return []  # no W: regions enter through the pretrained visual embedding
+
+    def embed_input(self, text_ids: torch.Tensor | None = None, text_mask: torch.Tensor | None = None,
+                    features: torch.Tensor | None = None, boxes: torch.Tensor | None = None,
+                    region_mask: torch.Tensor | None = None, image_hw: torch.Tensor | None = None) -> GenInput:
+        """As `BertGen.embed_input`; image_hw [B, 2] (h, w) of each image, which the normalised boxes are
+        scaled back by (VL-BERT adds the whole image's box in pixels)."""
+        cfg = self.cfg
+        if text_ids is None and features is None:
+            raise ValueError("BERT-gen needs a caption, an image or both")
+        ref = text_ids if text_ids is not None else region_mask
+        bsz, dev = ref.shape[0], ref.device
+        if text_ids is None:
+            text_ids = torch.zeros(bsz, 0, dtype=torch.long, device=dev)
+            text_mask = torch.zeros(bsz, 0, dtype=torch.bool, device=dev)
+        ids, types, tmask = assemble_text(text_ids, text_mask, cls_id=cfg.cls_token_id, sep_id=cfg.sep_token_id,
+                                          pad_id=cfg.pad_token_id)
+        image = {}
+        if features is not None:
+            if image_hw is None:
+                raise ValueError("VL-BERT's own input needs image_hw [B, 2] with the region features")
+            pixels = boxes * image_hw.flip(-1).to(boxes.dtype).repeat(1, 2).unsqueeze(1)
+            image = dict(boxes=pixels, box_mask=region_mask, region_features=features, image_hw=image_hw)
+        e = self.bert.embed(ids, tmask, types, **image)
+        t = ids.shape[1]
+        # an [END] follows the image (and, with learned visual tokens, any text): y_1 comes after it
+        ended = features is not None or cfg.visual_tokens == "learned"
+        length = e.text_len.squeeze(1) + (2 if ended else 0)
+        visual = e.word_visual.expand(bsz, 1, -1) if e.word_visual.dim() < 3 else e.word_visual
+        regions = slice(t + 1, t + e.n_regions) if features is not None else slice(0, 0)
+        return GenInput(e.x, e.mask, length, WordContext(visual, e.region_terms, e.candidates), regions,
+                        slice(1, 1 + text_ids.shape[1]))
+
+    def embed_target(self, ids: torch.Tensor, positions: torch.Tensor, context: WordContext | None = None
+                     ) -> torch.Tensor:
+        emb = self.bert.embeddings
+        words = emb.word_embeddings(ids)
+        x = words + emb.position_embeddings(positions) + emb.token_type_embeddings.weight[SEGMENT_A] + context.visual
+        if context.region_terms is not None:
+            x = x + emb.aligned_region_words(words, context.region_terms, context.candidates)
+        return x
+
+
 @dataclass
 class DecodeState:
     cache: list[KVBuffer]  # per layer [B, heads, L, head_dim]: X and y_<t
@@ -224,15 +312,17 @@ class DecodeState:
     length: torch.Tensor  # [B] real input elements (y_1's position)
     steps: int  # tokens predicted so far
     packed: torch.Tensor | None = None  # the output projection laid out for this decode (`packed_decoder`)
+    context: WordContext | None = None  # what every target word adds (`VLBertGen`)
 
     def select(self, index: torch.Tensor) -> DecodeState:
         """Rows `index` (beam reordering, or expanding each input to k beams)."""
         return DecodeState([kv.index_select(index) for kv in self.cache],
                            self.kind.index_select(0, index), self.time.index_select(0, index),
                            self.key_mask.index_select(0, index), self.length.index_select(0, index), self.steps,
-                           self.packed)
+                           self.packed, None if self.context is None else self.context.select(index))
 
 
 def select_input(inp: GenInput, index: torch.Tensor) -> GenInput:
     return GenInput(inp.embeddings.index_select(0, index), inp.mask.index_select(0, index),
-                    inp.length.index_select(0, index))
+                    inp.length.index_select(0, index), None if inp.context is None else inp.context.select(index),
+                    inp.regions, inp.words)

@@ -269,6 +269,20 @@ class VLBertEmbeddings(nn.Module):
 
 
 @dataclass
+class VLBertEmbedded:
+    """`VLBert.embed`: the sequence's summed embeddings before the embedding LayerNorm, and what a word placed after
+    it takes (a decoder's words are VL-BERT words: the same visual term and region-word alignment)."""
+    x: torch.Tensor  # [B, L, hidden]
+    mask: torch.Tensor  # [B, L] real elements
+    n_regions: int  # whole image + boxes (0 without an image)
+    region_logits: torch.Tensor | None
+    text_len: torch.Tensor  # [B, 1] real text elements (the regions' shared position)
+    word_visual: torch.Tensor  # every word's visual term: the whole image's [B, 1, hidden], text-only's [hidden]
+    region_terms: list[torch.Tensor] | None  # region word terms [B, 1+N, hidden] when words align to them
+    candidates: torch.Tensor | None  # [B, 1+N] the regions a word may align to
+
+
+@dataclass
 class VLBertOutput:
     last_hidden_state: torch.Tensor  # [B, L, hidden], L = T + (1 + N + 1 with an image)
     attention_mask: torch.Tensor  # [B, L] bool
@@ -445,6 +459,24 @@ class VLBert(nn.Module):
         Fast R-CNN's object logits as `region_class_logits` (end to end only). aligned_words [B] bool: the rows
         whose words take the region words they align to (`region_word_alignment`; None = every row); the others'
         words take none, their region tokens still carry their names (pretraining's `masking.alignment_drop`)."""
+        e = self.embed(input_ids, text_mask, token_type_ids, images=images, image_sizes=image_sizes, boxes=boxes,
+                       box_mask=box_mask, masked_regions=masked_regions, region_features=region_features,
+                       image_hw=image_hw, word_region_index=word_region_index, visual_input=visual_input,
+                       output_class_logits=output_class_logits, aligned_words=aligned_words)
+        encoded = self.encoder(self.embeddings.finish(e.x), e.mask, output_hidden_states=output_hidden_states,
+                               output_attentions=output_attentions, real_positions=real_positions)
+        return VLBertOutput(encoded.last_hidden_state, e.mask, input_ids.shape[1], e.n_regions, self.pooler,
+                            e.region_logits, encoded.hidden_states, encoded.attentions)
+
+    def embed(self, input_ids: torch.Tensor, text_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+              *, images: torch.Tensor | None = None, image_sizes: torch.Tensor | None = None,
+              boxes: torch.Tensor | None = None, box_mask: torch.Tensor | None = None,
+              masked_regions: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
+              image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
+              visual_input: tuple[torch.Tensor, torch.Tensor] | None = None, output_class_logits: bool = False,
+              aligned_words: torch.Tensor | None = None) -> VLBertEmbedded:
+        """`forward`'s sequence before the encoder (its arguments, same meaning), with what a word appended
+        after it would take (a decoder's words: `VLBertGen`)."""
         cfg, emb = self.cfg, self.embeddings
         bsz, t = input_ids.shape
         dev = input_ids.device
@@ -469,7 +501,8 @@ class VLBert(nn.Module):
         # the official [END]: a learned embedding with no visual term, ending text-only samples too
         learned_end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c if learned else None
         if not has_image:
-            text = text + emb.text_visual_term(emb.text_only_visual_embedding)  # shared by every word
+            word_visual, terms, candidates = emb.text_visual_term(emb.text_only_visual_embedding), None, None
+            text = text + word_visual  # shared by every word
             x, mask, n_regions = text, text_mask, 0
             if learned:
                 x = torch.cat([text, learned_end], 1)
@@ -506,6 +539,7 @@ class VLBert(nn.Module):
             is_masked = torch.cat([~whole, masked_regions & box_mask], 1)
             token = emb.object_token_embedding.expand_as(words[:, t:-1]) if learned else \
                 words[:, t:-1]  # [B, 1+N, hidden]: [IMG]
+            word_visual, terms, candidates = whole_image_term, None, None
             if self.region_words:
                 if self.fast_rcnn is None:
                     raise ValueError("region word embeddings need the Fast R-CNN's classifiers: load the model "
@@ -524,6 +558,8 @@ class VLBert(nn.Module):
                     if aligned_words is not None:  # a row without candidates gives every word "no region"
                         candidates = candidates & aligned_words.unsqueeze(1)
                     text = text + emb.aligned_region_words(words[:, :t], terms, candidates)
+                else:
+                    terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)
             region_pos = emb.position_embeddings(text_len).expand(bsz, n_regions, -1)
             regions = token + emb.object_visual_term(visual) + region_pos + segment_c
@@ -532,11 +568,7 @@ class VLBert(nn.Module):
             x = torch.cat([text, regions, end], 1)
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
-        encoded = self.encoder(emb.finish(x), mask, output_hidden_states=output_hidden_states,
-                               output_attentions=output_attentions, real_positions=real_positions)
-        hidden = encoded.last_hidden_state
-        return VLBertOutput(hidden, mask, t, n_regions, self.pooler, region_logits,
-                            encoded.hidden_states, encoded.attentions)
+        return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates)
 
     def encode(self, embeddings: torch.Tensor, mask: torch.Tensor, *, past: KVCache | None = None,
                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False):

@@ -320,6 +320,54 @@ def test_bert_gen_starts_from_a_vl_bert_export(tmp_path):
     assert str(tmp_path / "export") in record["theta_from"]
 
 
+def test_vl_bert_input_keeps_the_export_whole(tiny_vqg, tmp_path):
+    """visual_input=vlbert: every tensor of the export is loaded (its region words need its Fast R-CNN, which stays
+    frozen); training moves the visual embedding; the saved model loads back as VLBertGen; the wrong features or
+    init are refused with what to do."""
+    from safetensors.torch import load_file
+
+    from finetune.vqg import VQGConfig, build_model, load_bert_gen
+    from finetune.vqg_data import RegionFeatures, format_tsv_line
+    from model.bert_gen import VLBertGen
+    from model.config import model_config
+    from model.export import save_pretrained
+    from model.vl_bert import VLBertForPretraining
+    from shards.tokenizer import resolve_bert_dir
+
+    d = tiny_vqg
+    cfg = model_config("tiny", updates={"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102,
+                                        "mask_token_id": 103, "img_token_id": 1, "end_token_id": 2,
+                                        "visual_ln_init": 1.0, "fast_rcnn": {"roi_output_size": 4},
+                                        "region_class_words": [[2417], [3356], [2665], [4418], [2598], [2003],
+                                                               [1996], [2054], [3609]],
+                                        "region_word_alignment": 0.5})
+    torch.manual_seed(0)
+    export = tmp_path / "export"
+    save_pretrained(VLBertForPretraining(cfg).state_dict(), cfg, export, resolve_bert_dir(None))
+    rng = np.random.default_rng(1)
+    with open(tmp_path / "feats512.tsv", "w") as f:
+        for i in range(12):
+            boxes = np.array([[0, 0, 50, 40], [10, 10, 90, 70]], np.float32)
+            f.write(format_tsv_line(str(i), RegionFeatures(100, 80, boxes,
+                                                           rng.random((2, 512)).astype(np.float32))))
+    with pytest.raises(ValueError, match="vqg_features --model"):
+        build_model(VQGConfig(init=str(export), visual_input="vlbert"), feature_size=8)
+    with pytest.raises(ValueError, match="init must be an export"):
+        build_model(VQGConfig(init="packaged", visual_input="vlbert"), feature_size=512)
+    run_vqg(d, "vlbert", "step=custom", "inputs=image", f"init={export}", "visual_input=vlbert",
+            f"data.features={tmp_path}/feats512.tsv", "epochs=1")
+    before, after = load_file(str(export / "model.safetensors")), load_file(str(d / "vlbert/model/model.safetensors"))
+    assert set(before) == set(after)
+    detector = [k for k in before if ".fast_rcnn." in k]
+    assert detector and all(torch.equal(before[k], after[k]) for k in detector)
+    key = "vl_bert.embeddings.visual_feature_embedding.1.weight"
+    assert not torch.equal(before[key], after[key])
+    assert isinstance(load_bert_gen(d / "vlbert/model"), VLBertGen)
+    origin = json.loads((d / "vlbert/model/bert_gen.json").read_text())
+    assert origin["visual_input"] == "vlbert" and str(export) in origin["theta_from"]
+    assert len(json.loads((d / "vlbert/predictions_test.json").read_text())) == 4
+
+
 def test_our_detector_features_as_bottom_up_tsv(tmp_path):
     """Features written by our Fast R-CNN pass read back by image id, in original pixels, equal to the
     detector run on the image alone (same sizes, multiples of 32, not resized: the batch has no padding)."""

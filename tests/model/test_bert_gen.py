@@ -1,4 +1,5 @@
-"""BERT-gen: the attention rule by hand, training = inference exactness, cached = naive decoding."""
+"""BERT-gen: the attention rule by hand, training = inference exactness, cached = naive decoding; BERT-gen on
+VL-BERT's own input: its X is VL-BERT's sequence, its question words VL-BERT's words."""
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from finetune.generate import (
     generate,
     warpers,
 )
-from model.bert_gen import INPUT, PSEUDO_MASK, TARGET, BertGen, attention_rule, select_input
+from model.bert_gen import INPUT, PSEUDO_MASK, TARGET, BertGen, VLBertGen, attention_rule, select_input
 from model.config import model_config
 
 END = 4  # the tiny preset's [SEP]
@@ -71,9 +72,31 @@ def test_image_tokens_take_bert_positions_1_to_n(model):
     assert inp.length.tolist() == [6, 5, 3]  # [CLS] + real regions + [SEP]
 
 
-@pytest.mark.parametrize("modes", [(True, False), (False, True), (True, True)])
-def test_training_pass_equals_incremental_decoding(model, modes):
-    b = batch(*modes)
+@pytest.fixture(scope="module")
+def vl_model():
+    """An end-to-end VL-BERT (its Fast R-CNN names regions, words align to them) as BERT-gen. The alignment's
+    threshold is below any cosine: every word takes region words, so they are in every comparison."""
+    torch.manual_seed(0)
+    cfg = model_config("tiny", updates={"region_class_words": [[8], [9], [10, 11], [12], [13], [14], [15], [16], [17]],
+                                        "region_word_alignment": -1.0, "precomputed_feature_size": 512,
+                                        "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0,
+                                        "visual_dropout": 0, "visual_ln_init": 1.0})
+    m = VLBertGen(cfg).eval()
+    with torch.no_grad():
+        m.model.mlm_head.bias.normal_(0, 2.0)
+    return m
+
+
+def vl_batch(with_text=True):
+    """`batch`'s regions as 512-d features of the ResNet-18 detector, with each image's size."""
+    g = torch.Generator().manual_seed(2)
+    out = batch(with_text=with_text)
+    out["features"] = torch.randn(3, 4, 512, generator=g).relu()
+    out["image_hw"] = torch.tensor([[80, 100], [64, 64], [120, 90]])
+    return out
+
+
+def training_equals_decoding(model, b):
     targets = torch.tensor([[11, 12, 13, END], [21, 22, END, 0], [31, END, 0, 0]])
     tmask = targets != 0
     with torch.no_grad():
@@ -89,6 +112,64 @@ def test_training_pass_equals_incremental_decoding(model, modes):
             torch.testing.assert_close(naive, logp, atol=1e-5, rtol=0)
         assert state.cache[0].keys.shape[2] == room  # sized for max_length: never regrown
     torch.testing.assert_close(trained, total, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("modes", [(True, False), (False, True), (True, True)])
+def test_training_pass_equals_incremental_decoding(model, modes):
+    training_equals_decoding(model, batch(*modes))
+
+
+@pytest.mark.parametrize("with_text", [False, True])
+def test_vl_bert_input_training_pass_equals_incremental_decoding(vl_model, with_text):
+    training_equals_decoding(vl_model, vl_batch(with_text))
+    with torch.no_grad():  # beams reorder the words' context (whole-image term, region words) with the cache
+        inp = vl_model.embed_input(**vl_batch(with_text))
+        cfg = dict(method="beam", max_length=6, beam_size=3, no_repeat_ngram_size=2)
+        fast = generate(vl_model, inp, DecodeConfig(**cfg, cached=True), end_id=END)
+        slow = generate(vl_model, inp, DecodeConfig(**cfg, cached=False), end_id=END)
+    assert torch.equal(fast.tokens, slow.tokens)
+
+
+def test_vl_bert_input_is_vl_berts_own_sequence(vl_model):
+    """X alone, encoded, is VL-BERT's forward on `[CLS] caption [SEP]` and the same regions (pixel boxes, the whole
+    image added); y_1 sits two positions after the text ([IMG] regions share one, [END] the next); a question word
+    embeds as the same word would in the caption, up to the position (segment A, the whole image's visual term, the
+    region words it aligns to)."""
+    from model.vl_bert import assemble_text
+
+    cfg, bert = vl_model.cfg, vl_model.bert
+    b = vl_batch()
+    ids, types, tmask = assemble_text(b["text_ids"], b["text_mask"], cls_id=cfg.cls_token_id, sep_id=cfg.sep_token_id)
+    pixels = b["boxes"] * torch.tensor([[100, 80, 100, 80]], dtype=torch.float)[None].repeat(3, 1, 1)
+    pixels[1] = b["boxes"][1] * 64
+    pixels[2] = b["boxes"][2] * torch.tensor([90, 120, 90, 120])
+    with torch.no_grad():
+        inp = vl_model.embed_input(**b)
+        ours = bert.encode(inp.embeddings, inp.mask).last_hidden_state
+        theirs = bert(ids, tmask, types, boxes=pixels, box_mask=b["region_mask"], region_features=b["features"],
+                      image_hw=b["image_hw"])
+    real = theirs.attention_mask
+    assert torch.equal(inp.mask, real)
+    torch.testing.assert_close(ours[real], theirs.last_hidden_state[real], atol=1e-5, rtol=1e-5)
+    assert inp.length.tolist() == (b["text_mask"].sum(1) + 2 + 2).tolist()  # [CLS] [SEP], then regions and [END]
+    assert (inp.regions.start, inp.regions.stop) == (ids.shape[1] + 1, ids.shape[1] + 1 + 4)
+    # word 8 names class 1: it aligns to the regions the detector calls so
+    emb = bert.embeddings
+    word = torch.tensor([8])
+    caption = torch.tensor([[8, 20, 21], [8, 0, 0], [8, 30, 0]])
+    cids, ctypes, cmask = assemble_text(caption, caption != 0, cls_id=cfg.cls_token_id, sep_id=cfg.sep_token_id)
+    with torch.no_grad():
+        as_caption = bert.embed(cids, cmask, ctypes, boxes=pixels, box_mask=b["region_mask"],
+                                region_features=b["features"], image_hw=b["image_hw"]).x[:, 1]
+        img = {k: b[k] for k in ("features", "boxes", "region_mask", "image_hw")}
+        ctx = vl_model.embed_input(**img).context
+        pos = torch.full((3, 1), 9)
+        as_question = vl_model.embed_target(word.expand(3, 1), pos, ctx)[:, 0]
+        aligned = emb.aligned_region_words(emb.word_embeddings(word.expand(3, 1)), ctx.region_terms, ctx.candidates)
+    torch.testing.assert_close(as_question - emb.position_embeddings.weight[9],
+                               as_caption - emb.position_embeddings.weight[1], atol=1e-5, rtol=1e-5)
+    names = sum(ctx.region_terms)[:, 1:].norm(dim=-1).mean()
+    assert (aligned[:, 0].norm(dim=-1) > 0.3 * names).all()  # the alignment is part of what was compared
 
 
 @pytest.mark.parametrize("method", ["greedy", "beam", "sample"])
