@@ -14,10 +14,11 @@
 #   finetune runs go to $OUT/<task>/<init>; each writes metrics_<split>.json and its per-example predictions beside
 #   it. FINETUNE_ARGS: overrides for every finetune run (the same budget for all, e.g. "epochs=0.5"); each task's
 #   own budget is its launcher's default (launch/configs/<task>_demo.yaml: the frozen detector, <= 10 min).
-#   vqg: BERT-gen (launch/finetune_vqg.sh) with its Θ from the export (the export's visual layers unused: BERT-gen
-#   maps regions with its own random W) and questions from the image alone (the demo's captions name every shape
-#   and colour, so with them a model need not look); region features from the export's own Fast R-CNN, extracted
-#   once to $OUT/vqg/features_<init>.tsv.
+#   vqg: BERT-gen (launch/finetune_vqg.sh) on the export's own visual input (visual_input=vlbert: its visual
+#   embedding, region words and word-region alignment; FINETUNE_ARGS="visual_input=linear" for the paper's fresh W
+#   over the features instead) and questions from the image alone (the demo's captions name every shape and colour,
+#   so with them a model need not look); region features from the export's own Fast R-CNN, extracted once to
+#   $OUT/vqg/features_<init>.tsv.
 #   PRETRAIN_ARGS: overrides for every pretraining run (on one GPU "data.caption_batch_size=8 data.text_batch_size=8":
 #   the CPU recipe's global batch of 2 ranks x (4 + 4)). MASTER_PORT: a port of its own per instance side by side.
 # Ends with `python -m finetune.table4`: the table with 95% intervals by image, the paired differences from
@@ -74,7 +75,7 @@ launcher() {
     refcoco_detected) echo "finetune_refcoco.sh track=detected" ;;
     vcr_qa) echo "finetune_vcr.sh" ;;
     vcr_qar) echo "finetune_vcr.sh" ;;
-    vqg) echo "finetune_vqg.sh custom inputs=image" ;;
+    vqg) echo "finetune_vqg.sh custom inputs=image visual_input=vlbert" ;;
     *) echo "launch/table4.sh: unknown task '$1' (vqa refcoco_gt refcoco_detected vcr_qa vcr_qar vqg)" >&2; exit 2 ;;
   esac
 }

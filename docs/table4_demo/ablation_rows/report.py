@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -51,10 +52,26 @@ def refcoco_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray, floa
 
 def vqg_run(run: Path) -> dict[str, tuple[list, np.ndarray, np.ndarray, float | None]]:
     """{metric: (image ids, per-image value, image ids, one question for every image's)}: CIDEr-D x100 and the
-    own non-generic question rate (`finetune.table4.vqg_metrics`)."""
+    own non-generic question rate (`finetune.table4.vqg_metrics`); where docs/table4_demo/vqg/likelihood.py has
+    measured the run, also the image's information about its own non-generic questions (bits; 0 for a model that
+    ignores the image) and their log2 P, per question."""
     examples, prior = vqg_metrics(run)
-    return {name: (list(ex.keys), np.asarray(ex.values, float), np.asarray(ex.images), prior[name])
-            for name, ex in examples.items()}
+    out = {name: (list(ex.keys), np.asarray(ex.values, float), np.asarray(ex.images), prior[name])
+           for name, ex in examples.items()}
+    measured = list(run.glob("image_information_*.json"))
+    if measured:
+        r = json.loads(measured[0].read_text())
+        keep = ~np.asarray(r["is_generic"])
+        keys = [(i, q) for i, q, k in zip(r["image_id"], r["question"], keep) if k]
+        images = np.asarray(r["image_id"])[keep]
+        own = np.asarray(r["log2p_own"])[keep]
+        out[f"{VQG_BITS} image information, own non-generic questions"] = (
+            keys, own - np.asarray(r["log2p_other"])[keep], images, 0.0)
+        out[f"{VQG_BITS} log2 P, own non-generic questions"] = (keys, own, images, None)
+    return out
+
+
+VQG_BITS = "VQG (bits)"
 
 
 def rows_of(specs: list[str]) -> dict[str, list[Path]]:
@@ -97,19 +114,22 @@ def task_report(rows: dict[str, list[Path]], read, baseline: str, reference: str
 
 
 def chance_label(metric: str) -> str:
+    if metric.startswith(VQG_BITS):
+        return "a model that ignores the image"
     return "one question for every image" if metric.startswith("VQG") else "a random candidate"
 
 
-def interval(lo_hi: list[float] | None, signed: bool = False) -> str:
+def interval(lo_hi: list[float] | None, signed: bool = False, digits: int = 1) -> str:
     if lo_hi is None:
         return ""
-    f = "+.1f" if signed else ".2f"
+    f = f"+.{digits}f" if signed else ".2f"
     return f"[{lo_hi[0]:{f}}, {lo_hi[1]:{f}}]"
 
 
 def markdown(report: dict, baseline: str, reference: str) -> str:
     lines = ["# Table 4's pretraining ablations over finetuning seeds", "",
-             "Accuracy in percent: each seed's run, then the per-example mean over seeds with its 95% interval from a "
+             "Accuracy in percent (VQG (bits) rows: bits per reference question): each seed's run, then the "
+             "per-example mean over seeds with its 95% interval from a "
              "bootstrap over images. Differences: seed by seed (the same seed: the same training images and "
              "batches), their mean, and a t-interval over the seeds.", ""]
     for task, metrics in report.items():
@@ -126,7 +146,7 @@ def markdown(report: dict, baseline: str, reference: str) -> str:
                     d = e.get(f"minus_{other}")
                     cells += ["", ""] if d is None else [
                         " / ".join(f"{v:+.2f}" for v in d["per_seed"]) + f"; {np.mean(d['per_seed']):+.2f}",
-                        interval(d["t95"], signed=True)]
+                        interval(d["t95"], signed=True, digits=2 if metric.startswith(VQG_BITS) else 1)]
                 lines.append("| " + " | ".join(cells) + " |")
             if entry["chance"] is not None:
                 lines.append(f"\n{chance_label(metric).capitalize()}: {entry['chance']:.2f}.")
@@ -145,7 +165,11 @@ def plot(report: dict, path: Path) -> None:
     for ax, (metric, rows, chance) in zip(axes[0], panels):
         for x, (name, e) in enumerate(rows.items()):
             m = e["mean_over_seeds"]
-            ax.bar(x, m["mean"], color="#9ecae1" if name != "none" else "#d9d9d9")
+            colour = "#9ecae1" if name != "none" else "#d9d9d9"
+            if m["mean"] >= 0:
+                ax.bar(x, m["mean"], color=colour)
+            else:  # a log-probability: a bar from 0 would show its size, not the comparison
+                ax.hlines(m["mean"], x - 0.4, x + 0.4, color=colour, lw=6)
             ax.errorbar(x, m["mean"], yerr=[[m["mean"] - m["ci95"][0]], [m["ci95"][1] - m["mean"]]], color="k",
                         capsize=3)
             ax.scatter([x] * len(e["per_seed"]), e["per_seed"], color="#08519c", s=12, zorder=3)
@@ -153,10 +177,13 @@ def plot(report: dict, path: Path) -> None:
             ax.axhline(chance, color="k", ls="--", lw=0.8, label=chance_label(metric).removeprefix("a "))
             ax.legend(fontsize=7, loc="lower left")
         ax.set_xticks(range(len(rows)), list(rows), rotation=30, ha="right")
-        ax.set_title(metric, fontsize=9)
+        ax.set_title(textwrap.fill(metric, 36), fontsize=8)
         low = min(min(e["per_seed"]) for e in rows.values())
         top = max(max(e["per_seed"]) + 5 for e in rows.values())  # CIDEr-D x100 passes 100; accuracies do not
-        ax.set_ylim(max(0.0, low - 10), top if metric.startswith("VQG") else min(100.0, top))
+        if metric.startswith(VQG_BITS):  # bits: the axis fits the values
+            ax.set_ylabel("bits per question")
+        else:
+            ax.set_ylim(max(0.0, low - 10), top if metric.startswith("VQG") else min(100.0, top))
     vqg = all(metric.startswith("VQG") for metric, _, _ in panels)
     axes[0][0].set_ylabel("test: percent, CIDEr-D x100" if vqg else "val accuracy (%)")
     fig.suptitle("bars: mean over finetuning seeds (95% interval over images); dots: one run per seed", fontsize=9)
