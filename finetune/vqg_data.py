@@ -239,6 +239,20 @@ def open_features(spec: str):
     return TsvFeatures(spec.split(","))
 
 
+class DerangedFeatures:
+    """A feature store in which every image is answered with the next image's regions (in `order`, cyclically): the
+    image control of VQG diagnostics (same model and questions, another image)."""
+
+    def __init__(self, features, order: list[str]):
+        self.features, self.source = features, {k: order[(i + 1) % len(order)] for i, k in enumerate(order)}
+
+    def __contains__(self, image_id) -> bool:
+        return image_id in self.source
+
+    def __getitem__(self, image_id):
+        return self.features[self.source[image_id]]
+
+
 def feature_size(features) -> int:
     """F of the region features an `open_features` store holds (read off its first image)."""
     return features[next(iter(features.index))].features.shape[1]

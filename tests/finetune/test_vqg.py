@@ -368,6 +368,14 @@ def test_vl_bert_input_keeps_the_export_whole(tiny_vqg, tmp_path):
     assert len(json.loads((d / "vlbert/predictions_test.json").read_text())) == 4
 
 
+def test_deranged_features_give_each_image_the_next_ones():
+    from finetune.vqg_data import DerangedFeatures
+
+    store = DerangedFeatures({"a": 1, "b": 2, "c": 3, "z": 26}, ["a", "b", "c"])
+    assert [store[k] for k in ("a", "b", "c")] == [2, 3, 1]  # cyclic: the last takes the first's
+    assert "c" in store and "z" not in store  # only the images it was given an order for
+
+
 def test_our_detector_features_as_bottom_up_tsv(tmp_path):
     """Features written by our Fast R-CNN pass read back by image id, in original pixels, equal to the
     detector run on the image alone (same sizes, multiples of 32, not resized: the batch has no padding)."""

@@ -26,22 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 from finetune.table4 import run_config, vqg_examples  # noqa: E402
 from finetune.vqg import VQGConfig, VQGSet, generate_questions, load_bert_gen  # noqa: E402
-from finetune.vqg_data import open_features, read_coco_captions  # noqa: E402
+from finetune.vqg_data import DerangedFeatures, open_features, read_coco_captions  # noqa: E402
 from model.config import from_dict  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
-
-
-class Deranged:
-    """Region features keyed by image, each image answered with the next image's (in `order`, cyclically)."""
-
-    def __init__(self, features, order: list[str]):
-        self.features, self.source = features, {k: order[(i + 1) % len(order)] for i, k in enumerate(order)}
-
-    def __contains__(self, image_id) -> bool:
-        return image_id in self.source
-
-    def __getitem__(self, image_id):
-        return self.features[self.source[image_id]]
 
 
 def control(run: Path, device: str) -> dict:
@@ -56,7 +43,7 @@ def control(run: Path, device: str) -> dict:
     captions = read_coco_captions(cfg.data.captions)
     own = {p["image_id"]: p["question"] for p in json.loads((run / f"predictions_{cfg.eval_split}.json").read_text())}
     order = sorted(own)
-    data = VQGSet(split, cfg.data, tokenizer, captions, Deranged(features, order), cfg.inputs)
+    data = VQGSet(split, cfg.data, tokenizer, captions, DerangedFeatures(features, order), cfg.inputs)
     other = {p["image_id"]: p["question"] for p in generate_questions(gen, data, cfg.decode, cfg.eval_batch_size,
                                                                       device, cfg.max_eval_images, progress=False)}
     if sorted(other) != order:

@@ -4,9 +4,9 @@ question wins. The model's likelihood of the references does not: for every refe
 
     information(q) = log2 P(q | i's regions) - log2 P(q | another image's regions)   (bits)
 
-with the other image's regions from `image_control.Deranged` (image i gets image i + 1's, in image-id order). A
-model that ignores the image scores 0; one that knows which questions fit which image scores more on its own
-image's non-generic questions (the generic ones fit any image). Also log2 P(q | own regions) itself.
+with the other image's regions from `finetune.vqg_data.DerangedFeatures` (image i gets image i + 1's, in image-id
+order). A model that ignores the image scores 0; one that knows which questions fit which image scores more on its
+own image's non-generic questions (the generic ones fit any image). Also log2 P(q | own regions) itself.
 
 Writes `image_information_<split>.json` into each run (read by docs/table4_demo/ablation_rows/report.py, which puts
 the rows side by side over seeds) and prints each run's means with 95% intervals from a bootstrap over images.
@@ -27,14 +27,10 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from image_control import Deranged  # noqa: E402
-
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 from finetune.table4 import run_config  # noqa: E402
 from finetune.vqg import VQGConfig, VQGSet, load_bert_gen, model_inputs  # noqa: E402
-from finetune.vqg_data import open_features, read_coco_captions  # noqa: E402
+from finetune.vqg_data import DerangedFeatures, open_features, read_coco_captions  # noqa: E402
 from finetune.vqg_decoding import asked_of, generic_of, norm  # noqa: E402
 from model.config import from_dict  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
@@ -64,7 +60,7 @@ def information(run: Path, device: str) -> dict:
     captions = read_coco_captions(cfg.data.captions)
     own = VQGSet(split, cfg.data, tokenizer, captions, features, cfg.inputs)
     order = sorted({im.image_id for im in own.images})
-    other = VQGSet(split, cfg.data, tokenizer, captions, Deranged(features, order), cfg.inputs)
+    other = VQGSet(split, cfg.data, tokenizer, captions, DerangedFeatures(features, order), cfg.inputs)
     if [(own.images[i].image_id, q) for i, q in own.pairs] != [(other.images[i].image_id, q) for i, q in other.pairs]:
         raise SystemExit(f"{run}: the split's questions differ between its own and another image's regions")
     mine, theirs = log2_probs(gen, own, cfg.eval_batch_size, device), log2_probs(gen, other, cfg.eval_batch_size,
