@@ -157,11 +157,10 @@ class VQGSet:
             mask &= torch.tensor([[len(self.caption_ids[i]) > 0] for i in image_indices])
             out.update(text_ids=ids, text_mask=mask)
         if inputs != "caption":
-            feats, boxes, rmask = region_tensors([self.features[self.images[i].image_id] for i in image_indices],
-                                                 self.cfg.max_regions)
-            sizes = [self.features[self.images[i].image_id] for i in image_indices]
+            items = [self.features[self.images[i].image_id] for i in image_indices]  # each read and parsed once
+            feats, boxes, rmask = region_tensors(items, self.cfg.max_regions)
             out.update(features=feats, boxes=boxes, region_mask=rmask,
-                       image_hw=torch.tensor([[r.height, r.width] for r in sizes], dtype=torch.long))
+                       image_hw=torch.tensor([[r.height, r.width] for r in items], dtype=torch.long))
         return out
 
     def batch(self, pair_indices: list[int]) -> dict:
