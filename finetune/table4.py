@@ -18,15 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from diagnostics.report import write_report
 from diagnostics.statistics import clustered_bootstrap
+from model.bert_gen import BertGen
+from model.config import from_dict
+from shards.tokenizer import load_tokenizer
 
 from .vqa_score import read_results, read_vqa, vqa_accuracy
-from .vqg import read_split
+from .vqg import VQGConfig, VQGSet, load_bert_gen, read_split
+from .vqg_data import open_features, read_coco_captions
 from .vqg_decoding import asked_of, generic_of, norm
 from .vqg_eval import per_image_cider
 
@@ -62,6 +67,33 @@ def run_config(run: Path) -> dict:
         return json.loads((run / "run.json").read_text())["config"]
     except FileNotFoundError:
         raise FileNotFoundError(f"{run}: no run.json (not a finetune run directory)") from None
+
+
+@dataclass
+class VQGRunData:
+    """A finished `finetune.vqg` run read back to measure it again: its config (as run.json has it, and parsed), model,
+    tokenizer, region features and captions."""
+    raw: dict
+    cfg: VQGConfig
+    gen: BertGen
+    tokenizer: object
+    features: object
+    captions: dict
+
+    def eval_set(self, features=None) -> VQGSet:
+        """The run's evaluation split, with `features` (e.g. `vqg_data.DerangedFeatures`) in place of its own."""
+        split = self.cfg.data.val if self.cfg.eval_split == "val" else self.cfg.data.test
+        return VQGSet(split, self.cfg.data, self.tokenizer, self.captions,
+                      self.features if features is None else features, self.cfg.inputs)
+
+
+def open_vqg_run(run: Path, device: str = "cpu") -> VQGRunData:
+    raw = run_config(run)
+    cfg = from_dict(VQGConfig, raw, f"{run}/run.json")
+    if cfg.inputs == "caption":
+        raise SystemExit(f"{run}: a caption-only run sees no image")
+    return VQGRunData(raw, cfg, load_bert_gen(run / "model").to(device).eval(), load_tokenizer(str(run / "model")),
+                      open_features(cfg.data.features), read_coco_captions(cfg.data.captions))
 
 
 def vqa_scores(run: Path) -> tuple[list, list[float]]:

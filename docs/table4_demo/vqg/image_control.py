@@ -24,27 +24,18 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
-from finetune.table4 import run_config, vqg_examples  # noqa: E402
-from finetune.vqg import VQGConfig, VQGSet, generate_questions, load_bert_gen  # noqa: E402
-from finetune.vqg_data import DerangedFeatures, open_features, read_coco_captions  # noqa: E402
-from model.config import from_dict  # noqa: E402
-from shards.tokenizer import load_tokenizer  # noqa: E402
+from finetune.table4 import open_vqg_run, vqg_examples  # noqa: E402
+from finetune.vqg import generate_questions  # noqa: E402
+from finetune.vqg_data import DerangedFeatures  # noqa: E402
 
 
 def control(run: Path, device: str) -> dict:
-    raw = run_config(run)
-    cfg = from_dict(VQGConfig, raw, f"{run}/run.json")
-    if cfg.inputs == "caption":
-        raise SystemExit(f"{run}: a caption-only run sees no image")
-    gen = load_bert_gen(run / "model").to(device).eval()
-    tokenizer = load_tokenizer(str(run / "model"))
-    features = open_features(cfg.data.features)
-    split = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
-    captions = read_coco_captions(cfg.data.captions)
+    r = open_vqg_run(run, device)
+    cfg, raw = r.cfg, r.raw
     own = {p["image_id"]: p["question"] for p in json.loads((run / f"predictions_{cfg.eval_split}.json").read_text())}
     order = sorted(own)
-    data = VQGSet(split, cfg.data, tokenizer, captions, DerangedFeatures(features, order), cfg.inputs)
-    other = {p["image_id"]: p["question"] for p in generate_questions(gen, data, cfg.decode, cfg.eval_batch_size,
+    data = r.eval_set(DerangedFeatures(r.features, order))
+    other = {p["image_id"]: p["question"] for p in generate_questions(r.gen, data, cfg.decode, cfg.eval_batch_size,
                                                                       device, cfg.max_eval_images, progress=False)}
     if sorted(other) != order:
         raise SystemExit(f"{run}: decoded {len(other)} images with other regions, {len(own)} with their own")

@@ -27,44 +27,25 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
-from finetune.table4 import run_config  # noqa: E402
-from finetune.vqg import VQGConfig, VQGSet, load_bert_gen, model_inputs  # noqa: E402
-from finetune.vqg_data import DerangedFeatures, open_features, read_coco_captions  # noqa: E402
-from finetune.vqg_decoding import asked_of, generic_of, norm  # noqa: E402
-from model.config import from_dict  # noqa: E402
-from shards.tokenizer import load_tokenizer  # noqa: E402
-from train.engine import to_device  # noqa: E402
-
-
-@torch.no_grad()
-def log2_probs(gen, data: VQGSet, batch_size: int, device: str) -> np.ndarray:
-    """log2 P(question | the pair's image inputs) for every (image, question) pair of `data`, in pair order."""
-    out = []
-    for start in range(0, len(data), batch_size):
-        b = to_device(data.batch(list(range(start, min(len(data), start + batch_size)))), device)
-        inp = gen.embed_input(**model_inputs(b))
-        out.append(gen.sequence_log_probs(inp, b["target_ids"], b["target_mask"]).float().cpu())
-    return torch.cat(out).numpy() / math.log(2)
+from finetune.table4 import open_vqg_run  # noqa: E402
+from finetune.vqg_data import DerangedFeatures  # noqa: E402
+from finetune.vqg_decoding import asked_of, generic_of, norm, reference_scores  # noqa: E402
 
 
 def information(run: Path, device: str) -> dict:
-    raw = run_config(run)
-    cfg = from_dict(VQGConfig, raw, f"{run}/run.json")
+    r = open_vqg_run(run, device)
+    cfg = r.cfg
     if cfg.inputs != "image":
         raise SystemExit(f"{run}: inputs={cfg.inputs}; the image's information is measured on image-only runs")
-    gen = load_bert_gen(run / "model").to(device).eval()
-    tokenizer = load_tokenizer(str(run / "model"))
-    features = open_features(cfg.data.features)
-    split = cfg.data.val if cfg.eval_split == "val" else cfg.data.test
-    captions = read_coco_captions(cfg.data.captions)
-    own = VQGSet(split, cfg.data, tokenizer, captions, features, cfg.inputs)
+    own = r.eval_set()
     order = sorted({im.image_id for im in own.images})
-    other = VQGSet(split, cfg.data, tokenizer, captions, DerangedFeatures(features, order), cfg.inputs)
+    other = r.eval_set(DerangedFeatures(r.features, order))
     if [(own.images[i].image_id, q) for i, q in own.pairs] != [(other.images[i].image_id, q) for i, q in other.pairs]:
         raise SystemExit(f"{run}: the split's questions differ between its own and another image's regions")
-    mine, theirs = log2_probs(gen, own, cfg.eval_batch_size, device), log2_probs(gen, other, cfg.eval_batch_size,
-                                                                                   device)
+    mine, theirs = (reference_scores(r.gen, data, cfg.eval_batch_size, device)[0] / math.log(2)
+                    for data in (own, other))
     generic = generic_of(*asked_of(cfg.data.train))
     return {"run": str(run), "split": cfg.eval_split, "generic": sorted(generic),
             "image_id": [own.images[i].image_id for i, _ in own.pairs], "question": [q for _, q in own.pairs],
