@@ -288,9 +288,8 @@ class VLBertGen(BertGen):
         # an [END] follows the image (and, with learned visual tokens, any text): y_1 comes after it
         ended = features is not None or cfg.visual_tokens == "learned"
         length = e.text_len.squeeze(1) + (2 if ended else 0)
-        visual = e.word_visual.expand(bsz, 1, -1) if e.word_visual.dim() < 3 else e.word_visual
         regions = slice(t + 1, t + e.n_regions) if features is not None else slice(0, 0)
-        return GenInput(e.x, e.mask, length, WordContext(visual, e.region_terms, e.candidates), regions,
+        return GenInput(e.x, e.mask, length, WordContext(e.word_visual, e.region_terms, e.candidates), regions,
                         slice(1, 1 + text_ids.shape[1]))
 
     def embed_target(self, ids: torch.Tensor, positions: torch.Tensor, context: WordContext | None = None

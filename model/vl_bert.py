@@ -277,7 +277,7 @@ class VLBertEmbedded:
     n_regions: int  # whole image + boxes (0 without an image)
     region_logits: torch.Tensor | None
     text_len: torch.Tensor  # [B, 1] real text elements (the regions' shared position)
-    word_visual: torch.Tensor  # every word's visual term: the whole image's [B, 1, hidden], text-only's [hidden]
+    word_visual: torch.Tensor  # [B, 1, hidden] every word's visual term (the whole image's, or text-only's)
     region_terms: list[torch.Tensor] | None  # region word terms [B, 1+N, hidden] when words align to them
     candidates: torch.Tensor | None  # [B, 1+N] the regions a word may align to
 
@@ -501,8 +501,10 @@ class VLBert(nn.Module):
         # the official [END]: a learned embedding with no visual term, ending text-only samples too
         learned_end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c if learned else None
         if not has_image:
-            word_visual, terms, candidates = emb.text_visual_term(emb.text_only_visual_embedding), None, None
-            text = text + word_visual  # shared by every word
+            # shared by every word: one [B, 1, hidden] term, as the whole image's below
+            word_visual = emb.text_visual_term(emb.text_only_visual_embedding).expand(bsz, 1, -1)
+            terms, candidates = None, None
+            text = text + word_visual
             x, mask, n_regions = text, text_mask, 0
             if learned:
                 x = torch.cat([text, learned_end], 1)
