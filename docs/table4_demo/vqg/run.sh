@@ -51,7 +51,7 @@ for init in none pretrained; do runs+=(--vqg "$init=$out/e3_s0/vqg/$init,$out/e3
 python docs/table4_demo/ablation_rows/report.py "${runs[@]}" --vqg-task "VQG, image only, 3 epochs" --out "$here/e3_seeds"
 runs=()
 for init in none pretrained; do
-  runs+=(--vqg "$init=$(printf "$out/vl_s%d/vqg/$init," 0 1 2 3 4 | sed 's/,$//')")
+  runs+=(--vqg "$init=$out/vl_s0/vqg/$init,$out/vl_s1/vqg/$init,$out/vl_s2/vqg/$init,$out/vl_s3/vqg/$init,$out/vl_s4/vqg/$init")
 done
 python docs/table4_demo/ablation_rows/report.py "${runs[@]}" \
   --vqg-task "VQG, image only, VL-BERT's own input, 1 epoch (the config's budget)" --out "$here/vl_seeds"
