@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         diffs = np.array([a - float(b.values.mean()) for a, b in zip(accs, base, strict=True)])
         speed = [steps_to(r, 0.8) for r in rows[name]]
         report[name] = {"runs": [str(r) for r in rows[name]], "accuracy": accs, "mean": mean,
-                        "minus_baseline": diffs.tolist(), "minus_baseline_t95": summarise(diffs)["ci95"],
+                        "minus_baseline": diffs.tolist(),
+                        # one seed has no spread to make an interval of (summarise would give [d, d])
+                        "minus_baseline_t95": summarise(diffs)["ci95"] if diffs.size > 1 else None,
                         "steps_to_0.8": speed}
         t95 = report[name]["minus_baseline_t95"]
         lines.append(f"| {name} | {' / '.join(f'{a:.2f}' for a in accs)} | {mean['mean']:.2f} "
