@@ -27,14 +27,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 DETECTOR = "vl_bert.fast_rcnn."
-# fields of config.json that may differ without changing what the tensors mean
-FREE = {"fast_rcnn"}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="the export whose transformer, heads and embeddings are kept")
-    ap.add_argument("--detector", required=True, help="the export whose Fast R-CNN replaces --model's")
+    ap.add_argument("--detector", required=True,
+                    help="the export whose Fast R-CNN (or --take parts) replace --model's")
     ap.add_argument("--out", required=True)
     ap.add_argument("--take", action="append", metavar="PREFIX",
                     help=f"tensor name prefix taken from --detector (repeatable; default {DETECTOR})")
@@ -42,14 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     model, detector, out = Path(args.model), Path(args.detector), Path(args.out)
     take = tuple(args.take or [DETECTOR])
 
-    configs = [json.loads((d / "config.json").read_text()) for d in (model, detector)]
-    differ = sorted(k for k in set(configs[0]) | set(configs[1])
-                    if k not in FREE and configs[0].get(k) != configs[1].get(k))
-    if differ:
-        raise SystemExit(f"{model}/config.json and {detector}/config.json differ in {differ}: not one architecture")
-    if {k: v for k, v in configs[0]["fast_rcnn"].items() if k != "weights"} != \
-            {k: v for k, v in configs[1]["fast_rcnn"].items() if k != "weights"}:
-        raise SystemExit(f"{model} and {detector}: their fast_rcnn configs differ beyond the weights' path")
+    def architecture(d: Path) -> dict:  # config.json less where the detector's weights were read from
+        config = json.loads((d / "config.json").read_text())
+        config["fast_rcnn"] = {k: v for k, v in config["fast_rcnn"].items() if k != "weights"}
+        return config
+
+    if architecture(model) != architecture(detector):
+        raise SystemExit(f"{model}/config.json and {detector}/config.json describe different models")
 
     with safe_open(str(model / "model.safetensors"), "pt") as a, \
             safe_open(str(detector / "model.safetensors"), "pt") as b:
@@ -57,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{model} and {detector}: different tensor names")
         tensors = {k: (b if k.startswith(take) else a).get_tensor(k) for k in a.keys()}
         metadata = dict(a.metadata() or {})
-        swapped = sum(k.startswith(take) for k in a.keys())
-        changed = sum(k.startswith(take) and not a.get_tensor(k).equal(b.get_tensor(k)) for k in a.keys())
+        taken = [k for k in a.keys() if k.startswith(take)]
+        changed = sum(not tensors[k].equal(a.get_tensor(k)) for k in taken)
+    swapped = len(taken)
     if not swapped:
         raise SystemExit(f"{model}: no tensor names start with {', '.join(take)}")
     metadata["taken_from"] = f"{detector}: {', '.join(take)}"
