@@ -501,10 +501,11 @@ class VLBert(nn.Module):
         # the official [END]: a learned embedding with no visual term, ending text-only samples too
         learned_end = emb.end_token_embedding + emb.position_embeddings(text_len + 1) + segment_c if learned else None
         if not has_image:
-            # shared by every word: one [B, 1, hidden] term, as the whole image's below
-            word_visual = emb.text_visual_term(emb.text_only_visual_embedding).expand(bsz, 1, -1)
-            terms, candidates = None, None
-            text = text + word_visual
+            term = emb.text_visual_term(emb.text_only_visual_embedding)  # [hidden], shared by every word
+            # added as [hidden]: through the [B, 1, hidden] view autograd sums its gradient in another order, and
+            # that rounding alone moved the quick start's figures (visible MRC 0.636 -> 0.548; docs/ABLATION.md)
+            text = text + term
+            word_visual, terms, candidates = term.expand(bsz, 1, -1), None, None  # one shape, as the image's
             x, mask, n_regions = text, text_mask, 0
             if learned:
                 x = torch.cat([text, learned_end], 1)
