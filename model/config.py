@@ -295,6 +295,10 @@ class VLBertConfig:
     visual_tokens: str = "vocab"
     geometry_boxes: str = "corners"
     mrc_head_norm: bool = True
+    # The masked RoI head also predicts each region's attributes (the Fast R-CNN's attribute distribution, e.g.
+    # colour), as `MaskedRoIClassificationHead.attributes`: pretraining's `losses.mrc_attribute_weight` gives the
+    # visual embedding an objective for what the object classes do not name (docs/FINETUNE.md, session 44)
+    mrc_attributes: bool = False
 
     @property
     def head_dim(self) -> int:

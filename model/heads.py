@@ -131,6 +131,10 @@ class MaskedRoIClassificationHead(nn.Module):
         super().__init__()
         self.transform = BertPredictionHeadTransform(cfg, norm=cfg.mrc_head_norm)
         self.classifier = nn.Linear(cfg.hidden_size, cfg.fast_rcnn.num_classes)
+        if cfg.mrc_attributes and not cfg.fast_rcnn.num_attributes:
+            raise ValueError("model.mrc_attributes needs the Fast R-CNN's attribute head (fast_rcnn.num_attributes)")
+        self.attribute_classifier = nn.Linear(cfg.hidden_size, cfg.fast_rcnn.num_attributes) \
+            if cfg.mrc_attributes else None
 
     @torch.no_grad()
     def init_as_readout(self, class_names: torch.Tensor) -> None:
@@ -144,6 +148,12 @@ class MaskedRoIClassificationHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.transform(hidden))
+
+    def attributes(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Attribute logits [..., num_attributes] of the regions' output features (`model.mrc_attributes`)."""
+        if self.attribute_classifier is None:
+            raise ValueError("this masked RoI head has no attribute classifier: set model.mrc_attributes")
+        return self.attribute_classifier(self.transform(hidden))
 
 
 class BertPooler(nn.Module):

@@ -280,6 +280,7 @@ class VLBertEmbedded:
     word_visual: torch.Tensor  # [B, 1, hidden] every word's visual term (the whole image's, or text-only's)
     region_terms: list[torch.Tensor] | None  # region word terms [B, 1+N, hidden] when words align to them
     candidates: torch.Tensor | None  # [B, 1+N] the regions a word may align to
+    region_attribute_logits: torch.Tensor | None = None  # the Fast R-CNN's attribute logits, detached, if asked
 
 
 @dataclass
@@ -293,6 +294,7 @@ class VLBertOutput:
     hidden_states: list[torch.Tensor] | None = None
     attentions: list[torch.Tensor] | None = None
     cache: KVCache | None = None
+    region_attribute_logits: torch.Tensor | None = None  # the Fast R-CNN's attribute logits, detached, if asked
 
     @property
     def pooled(self) -> torch.Tensor:  # [B, hidden] tanh(W [CLS])
@@ -445,7 +447,7 @@ class VLBert(nn.Module):
                 visual_input: tuple[torch.Tensor, torch.Tensor] | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 output_class_logits: bool = False, real_positions: int | None = None,
-                aligned_words: torch.Tensor | None = None) -> VLBertOutput:
+                aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False) -> VLBertOutput:
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
@@ -456,17 +458,21 @@ class VLBert(nn.Module):
         feed edited visual inputs (the cross-modal ablation diagnostic); boxes/box_mask still given.
         real_positions: `real_positions(text_mask, box_mask)`, counted where the batch is on the host: the
         encoder then skips padded positions (their hidden states are zero). output_class_logits: the
-        Fast R-CNN's object logits as `region_class_logits` (end to end only). aligned_words [B] bool: the rows
-        whose words take the region words they align to (`region_word_alignment`; None = every row); the others'
-        words take none, their region tokens still carry their names (pretraining's `masking.alignment_drop`)."""
+        Fast R-CNN's object logits as `region_class_logits` (end to end only); output_attribute_logits: its
+        attribute logits of the regions' appearance, detached (targets), as `region_attribute_logits`.
+        aligned_words [B] bool: the rows whose words take the region words they align to
+        (`region_word_alignment`; None = every row); the others' words take none, their region tokens still carry
+        their names (pretraining's `masking.alignment_drop`)."""
         e = self.embed(input_ids, text_mask, token_type_ids, images=images, image_sizes=image_sizes, boxes=boxes,
                        box_mask=box_mask, masked_regions=masked_regions, region_features=region_features,
                        image_hw=image_hw, word_region_index=word_region_index, visual_input=visual_input,
-                       output_class_logits=output_class_logits, aligned_words=aligned_words)
+                       output_class_logits=output_class_logits, aligned_words=aligned_words,
+                       output_attribute_logits=output_attribute_logits)
         encoded = self.encoder(self.embeddings.finish(e.x), e.mask, output_hidden_states=output_hidden_states,
                                output_attentions=output_attentions, real_positions=real_positions)
         return VLBertOutput(encoded.last_hidden_state, e.mask, input_ids.shape[1], e.n_regions, self.pooler,
-                            e.region_logits, encoded.hidden_states, encoded.attentions)
+                            e.region_logits, encoded.hidden_states, encoded.attentions,
+                            region_attribute_logits=e.region_attribute_logits)
 
     def embed(self, input_ids: torch.Tensor, text_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
               *, images: torch.Tensor | None = None, image_sizes: torch.Tensor | None = None,
@@ -474,7 +480,7 @@ class VLBert(nn.Module):
               masked_regions: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
               image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
               visual_input: tuple[torch.Tensor, torch.Tensor] | None = None, output_class_logits: bool = False,
-              aligned_words: torch.Tensor | None = None) -> VLBertEmbedded:
+              aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False) -> VLBertEmbedded:
         """`forward`'s sequence before the encoder (its arguments, same meaning), with what a word appended
         after it would take (a decoder's words: `VLBertGen`)."""
         cfg, emb = self.cfg, self.embeddings
@@ -492,7 +498,7 @@ class VLBert(nn.Module):
         words = emb.word_embeddings(ids)
         text = words[:, :t] + emb.position_embeddings(positions) + \
             emb.token_type_embeddings(token_type_ids)  # [B, T, hidden]
-        region_logits = None
+        region_logits = attribute_logits = None
         if cfg.visual_embedding == "linear":
             raise ValueError("visual_embedding='linear' (BERT-gen) builds its own sequence: use embed_regions_linear")
         learned = cfg.visual_tokens == "learned"
@@ -523,6 +529,11 @@ class VLBert(nn.Module):
             # an edited visual_input (the diagnostics' fp32 averages, stored features) meets weights that DeepSpeed's
             # bf16/fp16 mode cast: once here, for the visual embedding and the region-word classifiers alike
             appearance = appearance.to(emb.visual_feature_embedding[1].weight.dtype)
+            if output_attribute_logits:
+                if self.fast_rcnn is None or self.fast_rcnn.attribute_classifier is None:
+                    raise ValueError("attribute logits need the Fast R-CNN with its attribute head")
+                with torch.no_grad():
+                    attribute_logits = self.fast_rcnn.attribute_classifier(appearance)
             if cfg.region_geometry == "whole_image":  # an edited visual_input keeps no layout either
                 boxes_norm = boxes_norm[:, :1].expand_as(boxes_norm)
             # the whole-image element exists with no box at all (an image where nothing was detected): built
@@ -571,7 +582,8 @@ class VLBert(nn.Module):
             x = torch.cat([text, regions, end], 1)
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
-        return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates)
+        return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates,
+                              attribute_logits)
 
     def encode(self, embeddings: torch.Tensor, mask: torch.Tensor, *, past: KVCache | None = None,
                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False):

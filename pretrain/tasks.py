@@ -25,6 +25,11 @@ class LossConfig:
     mlm_text_weight: float = 1.0
     mrc_target: str = "soft"  # "soft": cross-entropy to the detector's class distribution (official);
     #                          "hard": cross-entropy to the detector's class; "kl": MRC-KL (UNITER/volta)
+    # The chosen regions whose pixels stay visible also predict the Fast R-CNN's attribute (colour) distribution
+    # of their appearance (`model.mrc_attributes`; 0 = off, official). The class targets name shapes only, and a
+    # pretraining without region words then shrinks colour's share of the visual embedding from 0.21 to 0.07
+    # (docs/FINETUNE.md, session 44). Zeroed regions have no appearance to take a target from.
+    mrc_attribute_weight: float = 0.0
 
 
 def masked_roi_loss(logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
@@ -38,12 +43,27 @@ def masked_roi_loss(logits: torch.Tensor, probs: torch.Tensor, labels: torch.Ten
     raise ValueError(f"mrc_target: '{kind}' is not soft, hard or kl")
 
 
+def masked_roi_attribute_loss(logits: torch.Tensor, target_logits: torch.Tensor, visible: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of the head's attribute logits [K, A] to the detector's attribute distribution
+    (softmax of target_logits [K, A]), averaged over the visible regions [K] bool; and how often the two argmaxes
+    agree there. Masked sums, not indexing: no host sync."""
+    per = -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
+    weight = visible.float()
+    count = weight.sum().clamp(min=1)
+    hits = (logits.argmax(-1) == target_logits.argmax(-1)).float()
+    return (per * weight).sum() / count, (hits * weight).sum() / count
+
+
 class VLBertPretraining(nn.Module):
     def __init__(self, model: VLBertForPretraining, losses: LossConfig):
         super().__init__()
         self.model = model
         self.losses = losses
         masked_roi_loss(torch.zeros(1, 2), torch.ones(1, 2) / 2, torch.zeros(1, dtype=torch.long), losses.mrc_target)
+        if losses.mrc_attribute_weight > 0 and (losses.mrc_weight <= 0 or not model.cfg.mrc_attributes):
+            raise ValueError("losses.mrc_attribute_weight needs masked RoI classification (losses.mrc_weight > 0) "
+                             "and its attribute head (model.mrc_attributes: true)")
 
     def _mlm(self, out, batch):
         hidden = out.text_hidden.flatten(0, 1)[batch["mlm_positions"]]  # [M, hidden]
@@ -61,10 +81,11 @@ class VLBertPretraining(nn.Module):
                 visual = {"region_features": c["region_features"], "image_hw": c["image_hw"]}
             else:
                 visual = {"images": c["images"], "image_sizes": c["image_sizes"]}
+            attributes = cfg.mrc_attribute_weight > 0
             out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
                              box_mask=c["box_mask"], masked_regions=c["masked_regions"],
                              real_positions=c.get("real_positions"), aligned_words=c.get("aligned_words"),
-                             **visual)
+                             output_attribute_logits=attributes, **visual)
             mlm, mlm_acc = self._mlm(out, c)
             total = total + cfg.mlm_caption_weight * mlm
             metrics.update({"loss/mlm_caption": mlm, "acc/mlm_caption": mlm_acc})
@@ -75,6 +96,13 @@ class VLBertPretraining(nn.Module):
                 total = total + cfg.mrc_weight * mrc
                 metrics.update({"loss/mrc": mrc,
                                 "acc/mrc": (mrc_logits.argmax(-1) == c["mrc_labels"]).float().mean()})
+                if attributes:
+                    target = out.region_attribute_logits[:, 1:].flatten(0, 1)[c["mrc_positions"]]
+                    visible = ~c["masked_regions"].flatten()[c["mrc_positions"]]
+                    att, hits = masked_roi_attribute_loss(self.model.masked_roi_classification.attributes(regions),
+                                                          target, visible)
+                    total = total + cfg.mrc_attribute_weight * att
+                    metrics.update({"loss/mrc_attribute": att, "acc/mrc_attribute": hits})
         if "text" in batch:
             t = batch["text"]
             out = self.model(t["input_ids"], t["text_mask"], t["token_type_ids"],

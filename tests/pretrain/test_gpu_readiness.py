@@ -21,14 +21,18 @@ def tiny_module(**updates) -> VLBertPretraining:
     return VLBertPretraining(VLBertForPretraining(cfg), LossConfig())
 
 
+def caption_words(tok) -> dict:
+    batch = caption_batch(b=4, n=6)["caption"]
+    words = tok(["a small red star above a blue circle", "two large green squares"] * 2, add_special_tokens=False,
+                padding=True, return_tensors="pt")
+    return {**batch, "input_ids": words["input_ids"], "attention_mask": words["attention_mask"].bool()}
+
+
 def pretraining_batch(mrc: bool = True) -> dict:
     """What the data workers hand the step: masked captions with images and boxes, and text samples."""
     tok = load_tokenizer(None)
     batch = caption_batch(b=4, n=6)
-    words = tok(["a small red star above a blue circle", "two large green squares"] * 2, add_special_tokens=False,
-                padding=True, return_tensors="pt")
-    batch["caption"]["input_ids"] = words["input_ids"]
-    batch["caption"]["attention_mask"] = words["attention_mask"].bool()
+    batch["caption"] = caption_words(tok)
     text = tok(["the keeper carried a lamp", "she painted the old door green"] * 2, add_special_tokens=False,
                padding=True, return_tensors="pt")
     batch["text"] = {"keys": ["t0", "t1", "t2", "t3"], "input_ids": text["input_ids"],
@@ -124,3 +128,57 @@ def test_a_step_without_mrc_is_the_mlm_losses_alone_and_leaves_the_mrc_head_unto
             logits = module.model.mlm_head(hidden.flatten(0, 1)[x["mlm_positions"]])
         expected += torch.nn.functional.cross_entropy(logits, x["mlm_labels"])
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_roi_attribute_loss_by_hand():
+    """Uniform head logits over 2 attributes cost ln 2 whatever the target; a confident head pays -log of its
+    probability times the target's mass; an invisible row counts for nothing."""
+    from pretrain.tasks import masked_roi_attribute_loss
+
+    target = torch.log(torch.tensor([[1.0, 3.0], [1.0, 3.0], [5.0, 1.0]]))  # softmax: (0.25, 0.75) twice, then 5:1
+    head = torch.tensor([[0.0, 0.0], [0.0, 2.0], [9.0, -9.0]])
+    loss, hits = masked_roi_attribute_loss(head, target, torch.tensor([True, True, False]))
+    second = -(0.25 * torch.log(torch.tensor(1 / (1 + torch.e ** 2))) + 0.75 * torch.log(torch.tensor(
+        torch.e ** 2 / (1 + torch.e ** 2))))
+    torch.testing.assert_close(loss, (torch.log(torch.tensor(2.0)) + second) / 2)
+    torch.testing.assert_close(hits, torch.tensor(0.5))  # row 0 ties (argmax 0, target 1), row 1 agrees
+
+
+def test_mrc_attribute_target_is_the_detectors_colour_on_visible_regions_only():
+    """losses.mrc_attribute_weight: the head's attribute logits at the chosen regions that kept their pixels,
+    scored against the Fast R-CNN's attribute distribution of their appearance (recomputed here through
+    `region_features` and torch's soft-label cross-entropy), added at its weight; the detector's own attribute
+    head gets no gradient from it; no host sync."""
+    tok = load_tokenizer(None)
+    module = tiny_module(mrc_attributes=True, fast_rcnn={"roi_output_size": 4, "num_attributes": 3}).eval()
+    module.losses = LossConfig(mrc_attribute_weight=0.5)
+    batch = pretraining_batch()
+    masker = PretrainMasker(MaskingConfig(mlm_probability=0.3, mrc_probability=0.6, mrc_zero_fraction=0.5), tok,
+                            cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+    captions = caption_words(tok)  # pixels that differ, so the targets do
+    captions["images"] = torch.randint(0, 256, captions["images"].shape, dtype=torch.uint8,
+                                       generator=torch.Generator().manual_seed(1))
+    batch["caption"] = masker.caption(captions, torch.Generator().manual_seed(3))
+    with SyncCounter() as counter:
+        loss, metrics = module(batch)
+        loss.backward()
+    assert counter.seen == []
+    c = batch["caption"]
+    visible = ~c["masked_regions"].flatten()[c["mrc_positions"]]
+    assert 0 < int(visible.sum()) < visible.numel()  # both kinds present: the zeroed ones must not count
+    vl = module.model.vl_bert
+    with torch.no_grad():
+        appearance, _, _ = vl.region_features(images=c["images"], image_sizes=c["image_sizes"], boxes=c["boxes"],
+                                              box_mask=c["box_mask"], masked_regions=c["masked_regions"])
+        target = vl.fast_rcnn.attribute_classifier(appearance[:, 1:]).flatten(0, 1)[c["mrc_positions"]].softmax(-1)
+        out = module.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
+                           box_mask=c["box_mask"], masked_regions=c["masked_regions"], images=c["images"],
+                           image_sizes=c["image_sizes"])
+        logits = module.model.masked_roi_classification.attributes(
+            out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]])
+    expected = torch.nn.functional.cross_entropy(logits[visible], target[visible])
+    torch.testing.assert_close(metrics["loss/mrc_attribute"], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss.detach(), metrics["loss/mlm_caption"] + metrics["loss/mrc"]
+                               + metrics["loss/mlm_text"] + 0.5 * expected, rtol=1e-5, atol=1e-5)
+    assert module.model.masked_roi_classification.attribute_classifier.weight.grad.abs().sum() > 0
+    assert vl.fast_rcnn.attribute_classifier.weight.grad is None
