@@ -28,7 +28,10 @@ class LossConfig:
     # The chosen regions whose pixels stay visible also predict the Fast R-CNN's attribute (colour) distribution
     # of their appearance (`model.mrc_attributes`; 0 = off, official). The class targets name shapes only, and a
     # pretraining without region words then shrinks colour's share of the visual embedding from 0.21 to 0.07
-    # (docs/FINETUNE.md, session 44). Zeroed regions have no appearance to take a target from.
+    # (docs/FINETUNE.md, session 44). Zeroed regions have no appearance to take a target from. The targets come
+    # from the live detector: with its CNN trained (demo_long's 0.1) they collapsed to one colour by step ~300
+    # (detector colour 0.963 -> 0.173), so pair it with a frozen CNN (`optim.lr_multipliers`) until fixed
+    # targets are stored in the shards as the class distributions are.
     mrc_attribute_weight: float = 0.0
 
 
