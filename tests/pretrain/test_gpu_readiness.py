@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from model.config import model_config
 from model.vl_bert import VLBertForPretraining
 from pretrain.masking import MaskingConfig, PretrainMasker
-from pretrain.tasks import LossConfig, VLBertPretraining
+from pretrain.tasks import LossConfig, VLBertPretraining, masked_roi_attribute_loss
 from shards.tokenizer import load_tokenizer
 
 from .test_masking import caption_batch
@@ -133,8 +133,6 @@ def test_a_step_without_mrc_is_the_mlm_losses_alone_and_leaves_the_mrc_head_unto
 def test_masked_roi_attribute_loss_by_hand():
     """Uniform head logits over 2 attributes cost ln 2 whatever the target; a confident head pays -log of its
     probability times the target's mass; an invisible row counts for nothing."""
-    from pretrain.tasks import masked_roi_attribute_loss
-
     target = torch.log(torch.tensor([[1.0, 3.0], [1.0, 3.0], [5.0, 1.0]]))  # softmax: (0.25, 0.75) twice, then 5:1
     head = torch.tensor([[0.0, 0.0], [0.0, 2.0], [9.0, -9.0]])
     loss, hits = masked_roi_attribute_loss(head, target, torch.tensor([True, True, False]))

@@ -41,9 +41,8 @@ DEPTHS = ("appearance", "visual", "object_term")
 
 
 @torch.no_grad()
-def represent(export: str, data: BoxSet, indices: list[int], desc: str) -> dict[str, np.ndarray]:
+def represent(vl_bert, data: BoxSet, indices: list[int], desc: str) -> dict[str, np.ndarray]:
     """Each annotated region of the images `indices` at the three depths, with its shape, colour and image."""
-    vl_bert = load_pretrained(export).eval().vl_bert
     emb = vl_bert.embeddings
     out = {k: [] for k in (*DEPTHS, "shape", "colour", "image")}
     for i in tqdm(indices, desc=desc, leave=False):
@@ -122,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     report, rows = {}, []
     for spec in args.export:
         name, export = spec.split("=", 1)
-        tr = represent(export, sets["train"], train_idx, f"{name} train")
-        va = represent(export, sets["val"], val_idx, f"{name} val")
+        vl_bert = load_pretrained(export).eval().vl_bert  # once for both splits
+        tr = represent(vl_bert, sets["train"], train_idx, f"{name} train")
+        va = represent(vl_bert, sets["val"], val_idx, f"{name} val")
         report[name] = {"export": export}
         for label in ("colour", "shape"):
             ok_tr, ok_va = tr[label] >= 0, va[label] >= 0
