@@ -30,9 +30,9 @@ class LossConfig:
     # pretraining without region words then shrinks colour's share of the visual embedding from 0.21 to 0.07
     # (docs/FINETUNE.md, session 44). Zeroed regions have no appearance to take a target from. The targets come
     # from the live detector: with its CNN trained (demo_long's 0.1) they collapsed to one colour by step ~300
-    # (detector colour 0.963 -> 0.173), so pair it with a frozen CNN (`optim.lr_multipliers`) until fixed
-    # targets are stored in the shards as the class distributions are: so paired (session 45) held-out colour
-    # words reached 0.785 without region words (0.296 without the objective) and RefCOCO+ at 15 images beat step 0.
+    # (detector colour 0.963 -> 0.173). Pair it with a frozen CNN (`optim.lr_multipliers`) until fixed targets are
+    # stored in the shards as the class distributions are; so paired (session 45), held-out colour words reached
+    # 0.785 without region words (0.296 without the objective) and RefCOCO+ at 15 images beat step 0.
     mrc_attribute_weight: float = 0.0
 
 

@@ -32,7 +32,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from diagnostics.report import write_report  # noqa: E402
-from diagnostics.statistics import clustered_bootstrap  # noqa: E402
+from diagnostics.statistics import clustered_bootstrap, format_interval  # noqa: E402
 from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from pretrain.detector import BoxSet, DetectorConfig, read_vocabularies  # noqa: E402
@@ -139,12 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:>14} {label:>6} {depth:>12}  eta2 {eta:.3f}  nearest mean {ncm['mean']:.3f}  "
                       f"logistic {lin['mean']:.3f}", flush=True)
 
-    def cell(s: dict) -> str:
-        return f"{s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
-
     lines = ["| export | label | depth | variance explained (eta^2) | nearest class mean (cosine) | "
              "logistic probe |", "|---|---|---|---|---|---|"]
-    lines += [f"| {n} | {lab} | {d} | {e:.3f} | {cell(c)} | {cell(g)} |" for n, lab, d, e, c, g in rows]
+    lines += [f"| {n} | {lab} | {d} | {e:.3f} | {format_interval(c)} | {format_interval(g)} |"
+              for n, lab, d, e, c, g in rows]
     first = next(iter(report.values()))
     text = "\n".join(lines) + (
         f"\n\nRegions of the detector's held-out images ({first['colour/appearance']['regions']} with one colour; "
