@@ -143,6 +143,15 @@ class NonFiniteSteps(FloatingPointError):
     """More steps than engine.max_nonfinite_steps had a non-finite loss or gradient."""
 
 
+class NoRoomForCheckpoint(OSError):
+    """The checkpoint directory's filesystem has less free space than the newest checkpoint took, on some rank;
+    raised on every rank before any of them writes."""
+
+
+class CheckpointNotWritten(RuntimeError):
+    """Writing a checkpoint failed on this rank; the message says how much room there was."""
+
+
 class FiniteGuard:
     """Skips an optimizer step whose gradients are not finite, for the one path where DeepSpeed applies it:
     ZeRO stage 0 with fp32 weights (`fp32`, `bf16_autocast`; its ZeRO 1-3 optimizers and its bf16/fp16 wrappers
@@ -195,19 +204,20 @@ class FiniteGuard:
 def entry_point(main) -> int:
     """Runs an entry point's main(): a configuration or usage error (ConfigError) is one line on rank 0 and
     exit code 2 on every rank, instead of a traceback per rank around the message (VLBERT_TRACEBACK=1 shows
-    it); a run stopped by the non-finite policy (NonFiniteSteps, the same on every rank) likewise, exit code 3.
+    it); a run stopped by the non-finite policy (NonFiniteSteps, the same on every rank) likewise, exit code 3, and
+    one stopped for want of room for its next checkpoint (NoRoomForCheckpoint, every rank) exit code 4.
     Any other failure once the process group is up: the traceback, then the process ends at once (exit code 1)
     rather than in the interpreter's teardown. On an H200 a rank that raised in an evaluation sat in that teardown
     for minutes (its data workers and NCCL process group still up) and the launcher waited with it; a rank that
     is gone lets the launcher stop the others and the job end."""
     try:
         return main()
-    except (ConfigError, NonFiniteSteps) as e:
+    except (ConfigError, NonFiniteSteps, NoRoomForCheckpoint) as e:
         if os.environ.get("VLBERT_TRACEBACK"):
             raise
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2 if isinstance(e, ConfigError) else 3
+        return 2 if isinstance(e, ConfigError) else 3 if isinstance(e, NonFiniteSteps) else 4
     except Exception:
         if not dist.is_initialized():
             raise
@@ -486,6 +496,24 @@ def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
     return sorted(p for p in ckpt_dir.glob("step_*") if (p / "COMPLETE").exists())
 
 
+def checkpoint_bytes(path: Path) -> int:
+    """Bytes a checkpoint's own files take here (on a node-local disk, this node's share), without the universal
+    form a resume on another layout adds to it (the next checkpoint has none)."""
+    return sum(f.stat().st_size for f in path.rglob("*")
+               if f.is_file() and f.relative_to(path).parts[0] != "universal")
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem `path` is (or will be) on."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 2**20:,.0f} MB"
+
+
 STAGE0_MODEL_FILE = "mp_rank_00_model_states.pt"  # DeepSpeed's model file; at stage 0 it holds the optimizer too
 
 
@@ -649,9 +677,21 @@ class Engine:
         if self.rank == 0 and path.exists():
             shutil.rmtree(path)  # an incomplete leftover from a killed run
         self._barrier()
-        self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state={"step": self.step})
-        torch.save({"loader": self.loader.state_dict(), "rng": _rng_state(), "step": self.step},
-                   path / f"rank_{self.rank}.pt")
+        need, free = self._room_for_checkpoint(tag)
+        try:
+            self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state={"step": self.step})
+            torch.save({"loader": self.loader.state_dict(), "rng": _rng_state(), "step": self.step},
+                       path / f"rank_{self.rank}.pt")
+        except Exception as e:
+            # torch.save into a full disk says "unexpected pos 24090560 vs 24090448" (CI, session 46): say where
+            # the room went, and what is still usable
+            left = free_bytes(self.ckpt_dir)
+            found = complete_checkpoints(self.ckpt_dir)
+            usable = f"{found[-1].name} is intact (--resume continues from it)" if found else "no earlier checkpoint"
+            raise CheckpointNotWritten(
+                f"checkpoint {path} was not written on rank {self.rank} ({type(e).__name__}: {e}); its filesystem "
+                f"had {megabytes(free)} free before it and has {megabytes(left)} now"
+                + (f", the newest checkpoint took {megabytes(need)}" if need else "") + f"; {usable}") from e
         self._barrier()
         if self.rank == 0:
             (path / "COMPLETE").write_text(json.dumps({"step": self.step, "world_size": self.world,
@@ -660,6 +700,26 @@ class Engine:
                 shutil.rmtree(old, ignore_errors=True)
         self._barrier()
         return path
+
+    def _room_for_checkpoint(self, tag: str) -> tuple[int, int]:
+        """(bytes the newest complete checkpoint takes here, bytes free here). A checkpoint that does not fit fails
+        deep inside torch.save after the run has spent its last steps on it, on one rank while the others wait in
+        a barrier: when one rank's disk lacks the room the newest checkpoint took, every rank stops here first
+        (one all-reduce, per checkpoint). The first checkpoint has nothing to go by and is only reported if it
+        fails (`CheckpointNotWritten`)."""
+        found = complete_checkpoints(self.ckpt_dir)
+        need = checkpoint_bytes(found[-1]) if found else 0
+        free = free_bytes(self.ckpt_dir)
+        short = torch.tensor([1.0 if need > free else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(short, op=dist.ReduceOp.MAX, group=self._vote_group)
+        if short.item():
+            where = (f"{self.ckpt_dir} has {megabytes(free)} free" if need > free
+                     else "another rank's filesystem has less free than the newest checkpoint took there")
+            raise NoRoomForCheckpoint(
+                f"engine.run_dir: no room for checkpoint {tag}: {where} (the newest, {found[-1].name}, took "
+                f"{megabytes(need)} here); nothing was written: free space and --resume from {found[-1].name}")
+        return need, free
 
     def resume(self) -> bool:
         found = complete_checkpoints(self.ckpt_dir)
