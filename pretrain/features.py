@@ -32,7 +32,7 @@ import webdataset as wds
 from tqdm import tqdm
 
 from model.config import load_config
-from shards.caption_inputs import expand_paths
+from shards.caption_inputs import BOX_DISTRIBUTIONS, expand_paths
 from shards.decode import CaptionDecoder, kept_regions
 from shards.region_features import FeatureExtractor
 from shards.sink import ShardSink
@@ -67,8 +67,9 @@ def write_features(inputs: list[str], out_dir: str | Path, extractor: FeatureExt
                     meta_in[k] = [meta_in[k][i] for i in order]
             out = {"__key__": record["__key__"], "json": json.dumps(meta_in).encode(),
                    "feats.npy": npy_bytes(feats.numpy().astype(np.float16))}
-            if sample["class_probs"] is not None:
-                out["probs.npy"] = npy_bytes(sample["class_probs"].numpy())
+            for field, member in BOX_DISTRIBUTIONS.items():
+                if sample[field] is not None:
+                    out[member] = npy_bytes(sample[field].numpy())
             sink.write(out)
             skips.ok()
         pending.clear()

@@ -212,6 +212,8 @@ class PretrainMasker:
                     "mrc_probs": probs.flatten(0, 1)[positions].float().repeat(k, 1),
                     "mrc_labels": batch["box_classes"].flatten()[positions].repeat(k),
                     "real_positions": real_positions(out["text_mask"], box_mask)})
+        if batch.get("attribute_probs") is not None:  # stored attribute targets (losses.mrc_attribute_targets)
+            out["mrc_attribute_probs"] = batch["attribute_probs"].flatten(0, 1)[positions].float().repeat(k, 1)
         if c.alignment_drop > 0:  # drawn last and only when on, so every other draw is the default run's
             out["aligned_words"] = torch.rand(k * b, generator=g) >= c.alignment_drop
         return out

@@ -8,12 +8,15 @@ Overrides address the config's sections: `engine.steps=200`, `data.caption_batch
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+import tarfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from torchvision.utils import draw_bounding_boxes
@@ -22,10 +25,11 @@ from diagnostics.ablation import PeriodicDiagnostic, feature_extractor
 from diagnostics.config import GroundingConfig
 from diagnostics.grounding import GroundingEval, scalars, table
 from diagnostics.plots import grounding_figure
-from model.config import deep_merge, load_config
+from model.config import ConfigError, deep_merge, load_config
 from model.export import PRETRAINING_ARCHITECTURE, image_preprocessing, load_pretrained, save_pretrained
 from model.hf_import import load_hf_bert
 from model.vl_bert import VLBertForPretraining, real_positions
+from shards.caption_inputs import BOX_DISTRIBUTIONS, expand_paths
 from shards.reader import StreamLoader
 from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
 from train.engine import entry_point, to_device, usable_cores
@@ -73,6 +77,32 @@ def region_word_updates(path: str, tokenizer, groups=tuple(REGION_WORD_GROUPS)) 
         if field_name in out:
             out.setdefault("fast_rcnn", {})[count] = len(out[field_name])
     return out
+
+
+def check_stored_attributes(pattern: str, num_attributes: int) -> None:
+    """`losses.mrc_attribute_targets: shards` reads each box's attribute distribution from the caption shards:
+    refuse at start, naming the shard, when the first local shard's first sample has none or the wrong width
+    (a streamed shard is not opened here; a sample without them stops the step instead)."""
+    first = expand_paths(pattern)[0]
+    if not Path(first).is_file():
+        return
+    with tarfile.open(first) as tar:
+        sample = None
+        for member in tar:
+            key, _, ext = member.name.partition(".")
+            if sample is not None and key != sample:  # a sample's members are written together: it had none
+                break
+            sample = key
+            if ext == BOX_DISTRIBUTIONS["attribute_probs"]:
+                width = np.load(io.BytesIO(tar.extractfile(member).read())).shape[1]
+                if width != num_attributes:
+                    raise ConfigError(f"losses.mrc_attribute_targets: shards, but {first}:{key} holds {width} "
+                                      f"attributes per box, model.fast_rcnn.num_attributes is {num_attributes}")
+                return
+    member = BOX_DISTRIBUTIONS["attribute_probs"]
+    raise ConfigError(f"losses.mrc_attribute_targets: shards, but {first} carries no attribute distributions "
+                      f"({member}, from a box file's attribute_probs): rebuild the shards (the demo corpus: "
+                      "python -m shards.demo --out data/demo --force) or set losses.mrc_attribute_targets=detector")
 
 
 def count_batch(batch: dict) -> dict[str, float]:
@@ -137,6 +167,8 @@ class PretrainTask(Task):
             if model_cfg.region_class_words is not None:  # the classes have names: MRC reads them out the same way
                 model.masked_roi_classification.init_as_readout(
                     model.vl_bert.embeddings.name_embeddings("class").detach())
+        if cfg.losses.mrc_attribute_weight > 0 and cfg.losses.mrc_attribute_targets == "shards":
+            check_stored_attributes(cfg.data.caption_shards, model_cfg.fast_rcnn.num_attributes)
         masker = PretrainMasker(cfg.masking, tokenizer, cls_id=model_cfg.cls_token_id, sep_id=model_cfg.sep_token_id,
                                 mask_id=model_cfg.mask_token_id, pad_id=model_cfg.pad_token_id,
                                 num_classes=model_cfg.fast_rcnn.num_classes, seed=cfg.data.seed, rank=rank,

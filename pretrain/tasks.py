@@ -30,10 +30,15 @@ class LossConfig:
     # pretraining without region words then shrinks colour's share of the visual embedding from 0.21 to 0.07
     # (docs/FINETUNE.md, session 44). Zeroed regions have no appearance to take a target from. The targets come
     # from the live detector: with its CNN trained (demo_long's 0.1) they collapsed to one colour by step ~300
-    # (detector colour 0.963 -> 0.173). Pair it with a frozen CNN (`optim.lr_multipliers`) until fixed targets are
-    # stored in the shards as the class distributions are; so paired (session 45), held-out colour words reached
-    # 0.785 without region words (0.296 without the objective) and RefCOCO+ at 15 images beat step 0.
+    # (detector colour 0.963 -> 0.173). Paired with a frozen CNN (`optim.lr_multipliers`; session 45) held-out
+    # colour words reached 0.785 without region words (0.296 without the objective) and RefCOCO+ at 15 images beat
+    # step 0.
     mrc_attribute_weight: float = 0.0
+    # where the attribute targets come from: "detector", the live Fast R-CNN's attribute head on the unzeroed image
+    # (drifts with a trained CNN, above); "shards", the per-box attribute distributions stored with the boxes
+    # (`attrs.npy`, a box file's `attribute_probs`: fixed all run, as the class distributions are, so the CNN can
+    # train end to end)
+    mrc_attribute_targets: str = "detector"
 
 
 def masked_roi_loss(logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
@@ -47,15 +52,15 @@ def masked_roi_loss(logits: torch.Tensor, probs: torch.Tensor, labels: torch.Ten
     raise ValueError(f"mrc_target: '{kind}' is not soft, hard or kl")
 
 
-def masked_roi_attribute_loss(logits: torch.Tensor, target_logits: torch.Tensor, visible: torch.Tensor
+def masked_roi_attribute_loss(logits: torch.Tensor, target: torch.Tensor, visible: torch.Tensor
                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of the head's attribute logits [K, A] to the detector's attribute distribution
-    (softmax of target_logits [K, A]), averaged over the visible regions [K] bool; and how often the two argmaxes
-    agree there. Masked sums, not indexing: no host sync."""
-    per = -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
+    """Cross-entropy of the head's attribute logits [K, A] to the target attribute distribution [K, A],
+    averaged over the visible regions [K] bool; and how often the two argmaxes agree there. Masked sums, not
+    indexing: no host sync."""
+    per = -(target.float() * logits.float().log_softmax(-1)).sum(-1)
     weight = visible.float()
     count = weight.sum().clamp(min=1)
-    hits = (logits.argmax(-1) == target_logits.argmax(-1)).float()
+    hits = (logits.argmax(-1) == target.argmax(-1)).float()
     return (per * weight).sum() / count, (hits * weight).sum() / count
 
 
@@ -68,6 +73,9 @@ class VLBertPretraining(nn.Module):
         if losses.mrc_attribute_weight > 0 and (losses.mrc_weight <= 0 or not model.cfg.mrc_attributes):
             raise ValueError("losses.mrc_attribute_weight needs masked RoI classification (losses.mrc_weight > 0) "
                              "and its attribute head (model.mrc_attributes: true)")
+        if losses.mrc_attribute_targets not in ("detector", "shards"):
+            raise ValueError(f"losses.mrc_attribute_targets: '{losses.mrc_attribute_targets}' is not detector or "
+                             "shards")
 
     def _mlm(self, out, batch):
         hidden = out.text_hidden.flatten(0, 1)[batch["mlm_positions"]]  # [M, hidden]
@@ -86,10 +94,15 @@ class VLBertPretraining(nn.Module):
             else:
                 visual = {"images": c["images"], "image_sizes": c["image_sizes"]}
             attributes = cfg.mrc_attribute_weight > 0
+            stored = cfg.mrc_attribute_targets == "shards"
+            if attributes and stored and "mrc_attribute_probs" not in c:
+                raise ValueError("losses.mrc_attribute_targets: shards, but a caption batch carries no attribute "
+                                 "distributions (attrs.npy, from a box file's attribute_probs, missing in one of its "
+                                 "samples): rebuild the shards or set losses.mrc_attribute_targets=detector")
             out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
                              box_mask=c["box_mask"], masked_regions=c["masked_regions"],
                              real_positions=c.get("real_positions"), aligned_words=c.get("aligned_words"),
-                             output_attribute_logits=attributes, **visual)
+                             output_attribute_logits=attributes and not stored, **visual)
             mlm, mlm_acc = self._mlm(out, c)
             total = total + cfg.mlm_caption_weight * mlm
             metrics.update({"loss/mlm_caption": mlm, "acc/mlm_caption": mlm_acc})
@@ -101,7 +114,8 @@ class VLBertPretraining(nn.Module):
                 metrics.update({"loss/mrc": mrc,
                                 "acc/mrc": (mrc_logits.argmax(-1) == c["mrc_labels"]).float().mean()})
                 if attributes:
-                    target = out.region_attribute_logits[:, 1:].flatten(0, 1)[c["mrc_positions"]]
+                    target = (c["mrc_attribute_probs"] if stored else
+                              out.region_attribute_logits[:, 1:].flatten(0, 1)[c["mrc_positions"]].float().softmax(-1))
                     visible = ~c["masked_regions"].flatten()[c["mrc_positions"]]
                     att, hits = masked_roi_attribute_loss(self.model.masked_roi_classification.attributes(regions),
                                                           target, visible)

@@ -5,7 +5,9 @@
 - Box file: JSON lines keyed by image (`"image"`: the TSV's image field or the img2dataset key) with
   `boxes` (x1, y1, x2, y2 pixels), `classes`, `scores` and optionally per-box class distributions as
   `class_probs` (lists) or `class_probs_f16` (base64 of float16 [boxes, classes], as `shards.detect`
-  writes them).
+  writes them), and per-box attribute distributions likewise as `attribute_probs` / `attribute_probs_f16`
+  ([boxes, attributes], in the detector's attribute order: a bottom-up-attention detector's attribute
+  head; masked RoI classification's attribute targets, `losses.mrc_attribute_targets: shards`).
 
 Bad records are yielded with an `error` (the reason) and a `where` naming file and line or shard and
 key, so the writer counts and reports every skip.
@@ -19,7 +21,7 @@ import io
 import json
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +144,11 @@ class BoxEntry:
     classes: np.ndarray  # [N] int64
     scores: np.ndarray  # [N] float32
     class_probs: np.ndarray | None  # [N, C] float16
+    attribute_probs: np.ndarray | None = None  # [N, A] float16
+
+
+# a caption sample's per-box distributions: its decoded field -> its shard member (float16 [boxes, K] .npy)
+BOX_DISTRIBUTIONS = {"class_probs": "probs.npy", "attribute_probs": "attrs.npy"}
 
 
 def encode_probs(probs: np.ndarray) -> str:
@@ -158,22 +165,28 @@ def parse_box_entry(obj: dict, num_classes: int | None) -> BoxEntry:
     scores = np.asarray(obj.get("scores", [1.0] * n), dtype=np.float32)
     if classes.shape != (n,) or scores.shape != (n,):
         raise ValueError(f"'classes' and 'scores' must have one entry per box ({n})")
-    probs = None
-    if "class_probs" in obj:
-        probs = np.asarray(obj["class_probs"], dtype=np.float16)
-    elif "class_probs_f16" in obj:
-        flat = np.frombuffer(base64.b64decode(obj["class_probs_f16"]), dtype=np.float16)
-        if flat.size % n:
-            raise ValueError(f"'class_probs_f16' holds {flat.size} values, not a multiple of {n} boxes")
-        probs = flat.reshape(n, -1)
-    if probs is not None:
-        if probs.ndim != 2 or probs.shape[0] != n:
-            raise ValueError(f"'class_probs' must be [boxes={n}, classes], got {list(probs.shape)}")
-        if num_classes is not None and probs.shape[1] != num_classes:
-            raise ValueError(f"'class_probs' has {probs.shape[1]} classes, config says {num_classes}")
+    probs = box_distributions(obj, "class_probs", n, "classes")
+    if probs is not None and num_classes is not None and probs.shape[1] != num_classes:
+        raise ValueError(f"'class_probs' has {probs.shape[1]} classes, config says {num_classes}")
     if num_classes is not None and ((classes < 0) | (classes >= num_classes)).any():
         raise ValueError(f"'classes' has ids outside [0, {num_classes})")
-    return BoxEntry(boxes, classes, scores, probs)
+    return BoxEntry(boxes, classes, scores, probs, box_distributions(obj, "attribute_probs", n, "attributes"))
+
+
+def box_distributions(obj: dict, field: str, n: int, what: str) -> np.ndarray | None:
+    """A per-box distribution [n, K] float16 from `field` (lists) or `field`_f16 (base64 float16), or None."""
+    if field in obj:
+        probs = np.asarray(obj[field], dtype=np.float16)
+    elif f"{field}_f16" in obj:
+        flat = np.frombuffer(base64.b64decode(obj[f"{field}_f16"]), dtype=np.float16)
+        if flat.size % n:
+            raise ValueError(f"'{field}_f16' holds {flat.size} values, not a multiple of {n} boxes")
+        probs = flat.reshape(n, -1)
+    else:
+        return None
+    if probs.ndim != 2 or probs.shape[0] != n:
+        raise ValueError(f"'{field}' must be [boxes={n}, {what}], got {list(probs.shape)}")
+    return probs
 
 
 def load_box_file(path: str | Path, skips: SkipLog, num_classes: int | None = None) -> dict[str, BoxEntry]:
@@ -211,7 +224,7 @@ def check_boxes(entry: BoxEntry, width: int, height: int, tolerance: float = 1.0
         bad = int(np.flatnonzero(((b < lo) | (b > hi)).any(1))[0])
         return entry, f"box {bad} {b[bad].tolist()} outside the {width}x{height} image"
     clipped = np.clip(b, 0, [width, height, width, height]).astype(np.float32)
-    return BoxEntry(clipped, entry.classes, entry.scores, entry.class_probs), None
+    return replace(entry, boxes=clipped), None
 
 
 def open_image(data: bytes) -> Image.Image:

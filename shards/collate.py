@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from .caption_inputs import BOX_DISTRIBUTIONS
+
 
 def pad_ids(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     length = max((len(s) for s in seqs), default=0)
@@ -66,17 +68,19 @@ def collate_captions(samples: list[dict], size_divisibility: int = 32) -> dict:
     box_mask = torch.zeros((b, n), dtype=torch.bool)
     classes = torch.full((b, n), -1, dtype=torch.long)
     scores = torch.zeros((b, n))
-    with_probs = all(s["class_probs"] is not None for s in samples)
-    probs = torch.zeros((b, n, samples[0]["class_probs"].shape[1]), dtype=torch.float16) if with_probs else None
+    # class_probs, attribute_probs [B, N, K]: None unless every sample has them
+    dists = {f: torch.zeros((b, n, samples[0][f].shape[1]), dtype=torch.float16)
+             if all(s.get(f) is not None for s in samples) else None for f in BOX_DISTRIBUTIONS}
     for i, s in enumerate(samples):
         k = len(s["boxes"])
         boxes[i, :k], box_mask[i, :k], classes[i, :k], scores[i, :k] = s["boxes"], True, s["classes"], s["scores"]
-        if with_probs:
-            probs[i, :k] = s["class_probs"]
+        for f, d in dists.items():
+            if d is not None:
+                d[i, :k] = s[f]
     ids, mask = pad_ids([s["input_ids"] for s in samples])
     return {"keys": [s["key"] for s in samples], **visual,
             "boxes": boxes, "box_mask": box_mask, "box_classes": classes, "box_scores": scores,
-            "class_probs": probs, "input_ids": ids, "attention_mask": mask}
+            **dists, "input_ids": ids, "attention_mask": mask}
 
 
 def collate_text(samples: list[dict]) -> dict:

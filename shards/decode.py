@@ -16,6 +16,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
+from .caption_inputs import BOX_DISTRIBUTIONS
 from .stream_config import StreamConfig
 from .tokenizer import load_tokenizer
 
@@ -131,18 +132,22 @@ class CaptionDecoder:
         boxes = torch.tensor(meta["boxes"], dtype=torch.float32).reshape(-1, 4) * box_scale
         scores = torch.tensor(meta["scores"], dtype=torch.float32)
         classes = torch.tensor(meta["classes"], dtype=torch.long)
-        probs = None
-        if "probs.npy" in record:
-            probs = torch.from_numpy(np.load(io.BytesIO(record["probs.npy"])).astype(np.float16))
+        dists = {}  # class_probs (and attribute_probs): None when the shard has none
+        for field, member in BOX_DISTRIBUTIONS.items():
+            dists[field] = None
+            if member in record:
+                dists[field] = torch.from_numpy(np.load(io.BytesIO(record[member])).astype(np.float16))
+                if len(dists[field]) != len(boxes):
+                    raise ValueError(f"{member} has {len(dists[field])} rows, the JSON has {len(boxes)} boxes")
         if len(boxes) > cfg.max_regions:
             keep = kept_regions(scores, cfg.max_regions)
             boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
-            probs = probs[keep] if probs is not None else None
+            dists = {k: v[keep] if v is not None else None for k, v in dists.items()}
             if features:
                 visual["region_features"] = visual["region_features"][keep]
         ids = load_tokenizer(cfg.tokenizer)(meta["caption"], add_special_tokens=False)["input_ids"]
         return {"key": record["__key__"], **visual, "boxes": boxes, "scores": scores,
-                "classes": classes, "class_probs": probs, "input_ids": torch.tensor(ids, dtype=torch.long)}
+                "classes": classes, **dists, "input_ids": torch.tensor(ids, dtype=torch.long)}
 
 
 def decode_text(record: dict) -> dict:

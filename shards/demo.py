@@ -5,7 +5,9 @@ Raw layout under `<out>/raw/`:
   images/NNNNNN.jpg                     the rendered scenes
   captions_{train,val}.tsv              Conceptual-Captions-style `caption<TAB>image`
   boxes.jsonl                           box file: ground-truth boxes, class ids and a detector-like
-                                        class distribution per box (peaked; flatter for covered objects)
+                                        class distribution per box (peaked; flatter for covered objects),
+                                        and a colour distribution likewise (`attribute_probs`; none
+                                        peaked for a covered object, whose colour is under the cloth)
   scenes.jsonl                          full scene annotations (colour, size, covered) for task data
   class_names.json                      ["__background__", "circle", ...]
   books/book_NNN.txt                    BooksCorpus-style, one book per file
@@ -45,14 +47,12 @@ from .write_captions import write_caption_shards
 from .write_text import iter_books, iter_wiki, write_text_shards
 
 
-def detector_like_probs(class_id: int, covered: bool, rng: np.random.Generator) -> np.ndarray:
-    """A class distribution shaped like a detector's: most mass on the true class, the rest spread
-    unevenly; a covered object is hard to see, so its distribution is flatter."""
-    n = len(sw.CLASS_NAMES)
+def detector_like_probs(true: int, n: int, peak: float, rng: np.random.Generator) -> np.ndarray:
+    """A class (or attribute) distribution over n shaped like a detector's: `peak` of the mass on the true one,
+    the rest spread unevenly."""
     noise = rng.dirichlet(np.full(n, 0.5))
-    peak = 0.35 if covered else 0.85
     probs = (1 - peak) * noise
-    probs[class_id] += peak
+    probs[true] += peak
     return probs.astype(np.float16)
 
 
@@ -63,6 +63,9 @@ def write_raw(out: Path, n_images: int, n_val: int, seed: int, n_books: int, n_a
     (raw / "wiki").mkdir(exist_ok=True)
     rng = python_rng(seed, "demo world", 0)
     nprng = numpy_rng(seed, "demo world", 1)
+    # the colour distributions draw from their own stream: every other draw of the corpus stays what it was
+    colour_rng = numpy_rng(seed, "demo world", 2)
+    colours = list(sw.COLOURS)  # the warm-up detector's attribute order (shards.demo_tasks)
     (raw / "class_names.json").write_text(json.dumps(sw.CLASS_NAMES))
     with open(raw / "captions_train.tsv", "w") as train, open(raw / "captions_val.tsv", "w") as val, \
             open(raw / "boxes.jsonl", "w") as boxes, open(raw / "scenes.jsonl", "w") as scenes:
@@ -73,11 +76,17 @@ def write_raw(out: Path, n_images: int, n_val: int, seed: int, n_books: int, n_a
             image.save(raw / name, quality=92)
             text, named = sw.caption(scene, rng)
             (val if i >= n_images - n_val else train).write(f"{text}\t{name}\n")
-            probs = np.stack([detector_like_probs(o.class_id, o.covered, nprng) for o in scene.objects])
+            # a covered object is hard to see: its class distribution is flatter, and its colour is under the cloth
+            # (no peak: the colour distribution a detector gives a grey cloth carries nothing of the object's)
+            probs = np.stack([detector_like_probs(o.class_id, len(sw.CLASS_NAMES), 0.35 if o.covered else 0.85, nprng)
+                              for o in scene.objects])
+            attributes = np.stack([detector_like_probs(colours.index(o.colour), len(colours),
+                                                       0.0 if o.covered else 0.85, colour_rng) for o in scene.objects])
             boxes.write(json.dumps({
                 "image": name, "boxes": [list(o.box) for o in scene.objects],
                 "classes": [o.class_id for o in scene.objects], "scores": [1.0] * len(scene.objects),
-                "class_probs": probs.astype(float).round(4).tolist()}) + "\n")
+                "class_probs": probs.astype(float).round(4).tolist(),
+                "attribute_probs": attributes.astype(float).round(4).tolist()}) + "\n")
             scenes.write(json.dumps({
                 "image": name, "width": scene.width, "height": scene.height, "caption": text, "named": named,
                 "objects": [{"category": o.category, "colour": o.colour, "size": o.size, "box": list(o.box),

@@ -21,7 +21,15 @@ from tqdm import tqdm
 
 from model.config import load_config
 
-from .caption_inputs import BoxEntry, check_boxes, iter_img2dataset, iter_tsv, load_box_file, open_image
+from .caption_inputs import (
+    BOX_DISTRIBUTIONS,
+    BoxEntry,
+    check_boxes,
+    iter_img2dataset,
+    iter_tsv,
+    load_box_file,
+    open_image,
+)
 from .detect import DetectorConfig, RegionDetector, detect_records
 from .sink import ShardSink
 from .skips import SkipLog
@@ -42,10 +50,11 @@ def encode_sample(key: str, source: str, caption: str, jpeg: bytes, width: int, 
             "boxes": np.round(entry.boxes, 2).tolist(), "classes": entry.classes.tolist(),
             "scores": np.round(entry.scores, 4).tolist(), "source": source}
     sample = {"__key__": key, "jpg": jpeg, "json": json.dumps(meta).encode("utf-8")}
-    if entry.class_probs is not None:
-        buf = io.BytesIO()
-        np.save(buf, entry.class_probs.astype(np.float16))
-        sample["probs.npy"] = buf.getvalue()
+    for field, member in BOX_DISTRIBUTIONS.items():
+        if getattr(entry, field) is not None:
+            buf = io.BytesIO()
+            np.save(buf, getattr(entry, field).astype(np.float16))
+            sample[member] = buf.getvalue()
     return sample
 
 

@@ -89,6 +89,8 @@ def test_feature_shards_hold_the_extractors_features_of_the_kept_boxes(feature_s
         assert torch.equal(sample["classes"], original["classes"]) and torch.equal(sample["input_ids"],
                                                                                    original["input_ids"])
         assert torch.equal(sample["class_probs"], original["class_probs"])
+        assert sample["attribute_probs"] is not None and torch.equal(sample["attribute_probs"],
+                                                                     original["attribute_probs"])
     assert truncated  # some images had more than max_regions boxes: the kept ones were stored
 
 

@@ -1,6 +1,7 @@
 """GPU readiness, checked on CPU: a pretraining step in DeepSpeed's bf16 mode, no host syncs in the
 step, and the transformer under torch.compile."""
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -133,7 +134,7 @@ def test_a_step_without_mrc_is_the_mlm_losses_alone_and_leaves_the_mrc_head_unto
 def test_masked_roi_attribute_loss_by_hand():
     """Uniform head logits over 2 attributes cost ln 2 whatever the target; a confident head pays -log of its
     probability times the target's mass; an invisible row counts for nothing."""
-    target = torch.log(torch.tensor([[1.0, 3.0], [1.0, 3.0], [5.0, 1.0]]))  # softmax: (0.25, 0.75) twice, then 5:1
+    target = torch.tensor([[0.25, 0.75], [0.25, 0.75], [5 / 6, 1 / 6]])
     head = torch.tensor([[0.0, 0.0], [0.0, 2.0], [9.0, -9.0]])
     loss, hits = masked_roi_attribute_loss(head, target, torch.tensor([True, True, False]))
     second = -(0.25 * torch.log(torch.tensor(1 / (1 + torch.e ** 2))) + 0.75 * torch.log(torch.tensor(
@@ -180,3 +181,41 @@ def test_mrc_attribute_target_is_the_detectors_colour_on_visible_regions_only():
                                + metrics["loss/mlm_text"] + 0.5 * expected, rtol=1e-5, atol=1e-5)
     assert module.model.masked_roi_classification.attribute_classifier.weight.grad.abs().sum() > 0
     assert vl.fast_rcnn.attribute_classifier.weight.grad is None
+
+
+def test_stored_attribute_targets_are_the_shards_distributions_of_the_visible_chosen_regions():
+    """losses.mrc_attribute_targets: shards: the targets are the per-box attribute distributions the batch carries
+    (a box file's attribute_probs), gathered at the chosen regions with their views, scored on the visible ones
+    (torch's soft-label cross-entropy); the detector's attribute head is not run (no gradient reaches it either
+    way) and nothing syncs. Without stored distributions the step refuses, naming the shards' member."""
+    tok = load_tokenizer(None)
+    module = tiny_module(mrc_attributes=True, fast_rcnn={"roi_output_size": 4, "num_attributes": 3}).eval()
+    module.losses = LossConfig(mrc_attribute_weight=0.5, mrc_attribute_targets="shards")
+    batch = pretraining_batch()
+    masker = PretrainMasker(MaskingConfig(mlm_probability=0.3, mrc_probability=0.6, mrc_zero_fraction=0.5,
+                                          word_views=2), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+    captions = caption_words(tok)
+    with pytest.raises(ValueError, match="attrs.npy"):
+        module({**batch, "caption": masker.caption(captions, torch.Generator().manual_seed(3))})
+    stored = torch.softmax(torch.randn(4, 6, 3, generator=torch.Generator().manual_seed(5)), -1).half()
+    batch["caption"] = masker.caption({**captions, "attribute_probs": stored}, torch.Generator().manual_seed(3))
+    c = batch["caption"]
+    chosen = c["mrc_positions"][: len(c["mrc_positions"]) // 2]  # the first view's, into [B * N]
+    torch.testing.assert_close(c["mrc_attribute_probs"], stored.flatten(0, 1)[chosen].float().repeat(2, 1))
+    called = []
+    handle = module.model.vl_bert.fast_rcnn.attribute_classifier.register_forward_hook(lambda *a: called.append(1))
+    with SyncCounter() as counter:
+        loss, metrics = module(batch)
+        loss.backward()
+    handle.remove()
+    assert counter.seen == [] and called == []
+    visible = ~c["masked_regions"].flatten()[c["mrc_positions"]]
+    assert 0 < int(visible.sum()) < visible.numel()
+    with torch.no_grad():
+        out = module.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
+                           box_mask=c["box_mask"], masked_regions=c["masked_regions"], images=c["images"],
+                           image_sizes=c["image_sizes"])
+        logits = module.model.masked_roi_classification.attributes(
+            out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]])
+    expected = torch.nn.functional.cross_entropy(logits[visible], c["mrc_attribute_probs"][visible])
+    torch.testing.assert_close(metrics["loss/mrc_attribute"], expected, rtol=1e-5, atol=1e-6)

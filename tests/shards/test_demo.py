@@ -1,10 +1,13 @@
+import io
 import json
 import pickle
 import random
 import re
 import shutil
+import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shards import shapes_world as sw
@@ -32,6 +35,45 @@ def test_demo_is_deterministic(demo_corpus, tmp_path):
     write_raw(tmp_path, 40, 8, 123, 3, 12)
     for name in ("captions_train.tsv", "boxes.jsonl", "scenes.jsonl", "books/book_001.txt", "images/000007.jpg"):
         assert (tmp_path / "raw" / name).read_bytes() == (demo_corpus / "raw" / name).read_bytes(), name
+
+
+def test_colour_distributions_peak_on_visible_colours_and_reach_the_batches(demo_corpus):
+    """The box file's attribute_probs: a visible object's colour (in the warm-up detector's attribute order,
+    COLOURS) holds the peak, a covered object's (under the cloth) does not; drawn from their own stream, so the
+    class distributions are what they were before them; written into the caption shards (attrs.npy) and batched
+    beside the class distributions."""
+    from shards.demo import detector_like_probs
+    from shards.seeding import numpy_rng
+
+    raw = demo_corpus / "raw"
+    boxes = [json.loads(line) for line in (raw / "boxes.jsonl").read_text().splitlines()]
+    scenes = {s["image"]: s for s in map(json.loads, (raw / "scenes.jsonl").read_text().splitlines())}
+    colours, world = list(sw.COLOURS), numpy_rng(123, "demo world", 1)
+    seen = {True: 0, False: 0}
+    for entry in boxes:
+        for o, attrs, probs in zip(scenes[entry["image"]]["objects"], entry["attribute_probs"], entry["class_probs"],
+                                   strict=True):
+            true = attrs[colours.index(o["colour"])]
+            assert len(attrs) == 6 and abs(sum(attrs) - 1) < 2e-3
+            assert (true < 0.85) if o["covered"] else (true >= 0.85 - 1e-4 and true == max(attrs))
+            seen[o["covered"]] += 1
+            expected = detector_like_probs(sw.CLASS_NAMES.index(o["category"]), 9, 0.35 if o["covered"] else 0.85,
+                                           world)
+            assert probs == expected.astype(float).round(4).tolist()
+    assert seen[True] > 5 and seen[False] > 50
+    by_image = {e["image"]: e for e in boxes}
+    with tarfile.open(sorted((demo_corpus / "shards" / "captions-train").glob("*.tar"))[0]) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    source = json.loads(members["000000003.json"])["source"]
+    stored = np.load(io.BytesIO(members["000000003.attrs.npy"]))
+    assert stored.dtype == np.float16
+    np.testing.assert_allclose(stored, np.array(by_image[source]["attribute_probs"]), atol=1e-3)
+    cfg = StreamConfig(caption_shards=str(demo_corpus / "shards" / "captions-train" / "*.tar"),
+                       text_shards=str(demo_corpus / "shards" / "text" / "*.tar"), short_side=0, num_workers=0)
+    c = next(iter(StreamLoader(cfg)))["caption"]
+    assert c["attribute_probs"].shape == (*c["box_mask"].shape, 6)
+    sums = c["attribute_probs"].float().sum(-1)
+    assert (sums[c["box_mask"]] - 1).abs().max() < 2e-3 and (sums[~c["box_mask"]] == 0).all()
 
 
 def test_scenes_follow_the_design():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from shards import write_captions, write_text
-from shards.caption_inputs import image_regions, iter_img2dataset, load_box_file
+from shards.caption_inputs import encode_probs, image_regions, iter_img2dataset, load_box_file, parse_box_entry
 from shards.reader import StreamConfig, StreamLoader
 from shards.skips import SkipLog, numbered_lines
 from shards.tokenizer import load_tokenizer
@@ -26,9 +26,10 @@ def read_shards(out_dir):
 
 def test_tsv_round_trip_and_counted_skips(tmp_path, capsys):
     probs = np.full((2, 5), 0.2)
+    attributes = np.array([[0.7, 0.3, 0.0], [0.125, 0.125, 0.75]], dtype=np.float16)  # as shards.detect encodes
     boxes = {
         "a.jpg": {"boxes": [[1, 2, 30, 40], [10, 10, 60, 47]], "classes": [1, 3], "scores": [0.9, 0.6],
-                  "class_probs": probs.tolist()},
+                  "class_probs": probs.tolist(), "attribute_probs_f16": encode_probs(attributes)},
         "b.jpg": {"boxes": [[0, 0, 20, 20]], "classes": [2], "scores": [0.7]},
         "c.jpg": {"boxes": [[0, 0, 500, 20]], "classes": [2], "scores": [0.7]},  # outside the 64x48 image
     }
@@ -67,7 +68,10 @@ def test_tsv_round_trip_and_counted_skips(tmp_path, capsys):
     assert meta["boxes"] == boxes["a.jpg"]["boxes"] and meta["classes"] == [1, 3] and meta["source"] == "a.jpg"
     assert a["jpg"] == (tmp_path / "img" / "a.jpg").read_bytes()  # JPEG bytes kept, not re-encoded
     assert np.array_equal(np.load(io.BytesIO(a["probs.npy"])), probs.astype(np.float16))
-    assert "probs.npy" not in written["000000001"]
+    assert np.array_equal(np.load(io.BytesIO(a["attrs.npy"])), attributes)
+    assert "probs.npy" not in written["000000001"] and "attrs.npy" not in written["000000001"]
+    with pytest.raises(ValueError, match=r"'attribute_probs' must be \[boxes=2, attributes\], got \[3, 2\]"):
+        parse_box_entry({**boxes["a.jpg"], "attribute_probs": [[0.5, 0.5]] * 3}, 5)
 
     # ... and the streaming reader gives the same values back
     cfg = StreamConfig(caption_shards=str(out / "*.tar"), text_batch_size=0, caption_batch_size=2,
@@ -79,7 +83,7 @@ def test_tsv_round_trip_and_counted_skips(tmp_path, capsys):
     assert batch["image_sizes"][i].tolist() == [48, 64]
     tok = load_tokenizer(None)
     assert tok.decode(batch["input_ids"][i][batch["attention_mask"][i]]) == "a red circle"
-    assert batch["class_probs"] is None  # one sample of the batch has no distribution
+    assert batch["class_probs"] is None and batch["attribute_probs"] is None  # one sample of the batch has none
 
 
 def test_img2dataset_input(tmp_path):
