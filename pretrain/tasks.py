@@ -31,8 +31,8 @@ class LossConfig:
     # (docs/FINETUNE.md, session 44). Zeroed regions have no appearance to take a target from. The targets come
     # from the live detector: with its CNN trained (demo_long's 0.1) they collapsed to one colour by step ~300
     # (detector colour 0.963 -> 0.173). Paired with a frozen CNN (`optim.lr_multipliers`; session 45) held-out
-    # colour words reached 0.785 without region words (0.296 without the objective) and RefCOCO+ at 15 images beat
-    # step 0.
+    # colour words reached 0.785 and 0.752 on two pretraining seeds without region words (0.296 without the
+    # objective); RefCOCO+ at 15 images gained on colour-only expressions after both, overall after one (session 46).
     mrc_attribute_weight: float = 0.0
     # where the attribute targets come from: "detector", the live Fast R-CNN's attribute head on the unzeroed image
     # (drifts with a trained CNN, above); "shards", the per-box attribute distributions stored with the boxes
