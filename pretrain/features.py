@@ -20,7 +20,6 @@ VL-BERT step at small transformer sizes (docs/BENCHMARKS.md). The manifest recor
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from dataclasses import replace
@@ -32,7 +31,7 @@ import webdataset as wds
 from tqdm import tqdm
 
 from model.config import load_config
-from shards.caption_inputs import BOX_DISTRIBUTIONS, expand_paths
+from shards.caption_inputs import BOX_DISTRIBUTIONS, expand_paths, npy_bytes
 from shards.decode import CaptionDecoder, kept_regions
 from shards.region_features import FeatureExtractor
 from shards.sink import ShardSink
@@ -40,12 +39,6 @@ from shards.skips import SkipLog
 from shards.tokenizer import resolve_bert_dir
 
 from .config import PretrainConfig, build_model_config
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
 
 
 def write_features(inputs: list[str], out_dir: str | Path, extractor: FeatureExtractor, decoder: CaptionDecoder, *,

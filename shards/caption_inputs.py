@@ -151,6 +151,13 @@ class BoxEntry:
 BOX_DISTRIBUTIONS = {"class_probs": "probs.npy", "attribute_probs": "attrs.npy"}
 
 
+def npy_bytes(array: np.ndarray) -> bytes:
+    """An array as the bytes of a .npy shard member (no pickles)."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
 def encode_probs(probs: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(probs, dtype=np.float16).tobytes()).decode("ascii")
 

@@ -28,6 +28,7 @@ from .caption_inputs import (
     iter_img2dataset,
     iter_tsv,
     load_box_file,
+    npy_bytes,
     open_image,
 )
 from .detect import DetectorConfig, RegionDetector, detect_records
@@ -52,9 +53,7 @@ def encode_sample(key: str, source: str, caption: str, jpeg: bytes, width: int, 
     sample = {"__key__": key, "jpg": jpeg, "json": json.dumps(meta).encode("utf-8")}
     for field, member in BOX_DISTRIBUTIONS.items():
         if getattr(entry, field) is not None:
-            buf = io.BytesIO()
-            np.save(buf, getattr(entry, field).astype(np.float16))
-            sample[member] = buf.getvalue()
+            sample[member] = npy_bytes(getattr(entry, field).astype(np.float16))
     return sample
 
 
