@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.vl_bert import VLBertForPretraining
+from train.engine import METRIC_WEIGHT
 
 
 @dataclass
@@ -53,15 +54,16 @@ def masked_roi_loss(logits: torch.Tensor, probs: torch.Tensor, labels: torch.Ten
 
 
 def masked_roi_attribute_loss(logits: torch.Tensor, target: torch.Tensor, visible: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cross-entropy of the head's attribute logits [K, A] to the target attribute distribution [K, A],
-    averaged over the visible regions [K] bool; and how often the two argmaxes agree there. Masked sums, not
-    indexing: no host sync."""
+    averaged over the visible regions [K] bool; how often the two argmaxes agree there; and how many visible
+    regions the two means are over (0: both are 0). Masked sums, not indexing: no host sync."""
     per = -(target.float() * logits.float().log_softmax(-1)).sum(-1)
     weight = visible.float()
-    count = weight.sum().clamp(min=1)
+    n = weight.sum()
+    count = n.clamp(min=1)
     hits = (logits.argmax(-1) == target.argmax(-1)).float()
-    return (per * weight).sum() / count, (hits * weight).sum() / count
+    return (per * weight).sum() / count, (hits * weight).sum() / count, n
 
 
 class VLBertPretraining(nn.Module):
@@ -117,10 +119,13 @@ class VLBertPretraining(nn.Module):
                     target = (c["mrc_attribute_probs"] if stored else
                               out.region_attribute_logits[:, 1:].flatten(0, 1)[c["mrc_positions"]].float().softmax(-1))
                     visible = ~c["masked_regions"].flatten()[c["mrc_positions"]]
-                    att, hits = masked_roi_attribute_loss(self.model.masked_roi_classification.attributes(regions),
-                                                          target, visible)
+                    att, hits, n = masked_roi_attribute_loss(
+                        self.model.masked_roi_classification.attributes(regions), target, visible)
                     total = total + cfg.mrc_attribute_weight * att
-                    metrics.update({"loss/mrc_attribute": att, "acc/mrc_attribute": hits})
+                    # a step whose chosen regions were all zeroed has no attribute target: weighted by the visible
+                    # count, it leaves the logged means alone instead of pulling them towards 0
+                    metrics.update({"loss/mrc_attribute": att, "acc/mrc_attribute": hits,
+                                    "loss/mrc_attribute" + METRIC_WEIGHT: n, "acc/mrc_attribute" + METRIC_WEIGHT: n})
         if "text" in batch:
             t = batch["text"]
             out = self.model(t["input_ids"], t["text_mask"], t["token_type_ids"],

@@ -297,6 +297,13 @@ def unlink_shm_buffer() -> None:
     shm_buffer_path(dist.get_rank()).unlink(missing_ok=True)
 
 
+# A task's metric "X" may come with "X" + METRIC_WEIGHT, its step's weight (e.g. how many regions the step's mean is
+# over): the log then shows the weighted mean over the window's steps and ranks, sum(X * w) / sum(w), instead of the
+# plain mean over steps, which a step with nothing to measure (w = 0, X = 0) would pull towards 0. The weight itself
+# is not logged; a window whose weights are all 0 logs no X.
+METRIC_WEIGHT = "#weight"
+
+
 def _is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -816,7 +823,10 @@ class Engine:
 
     def _log(self, sums: dict[str, torch.Tensor], count: int, timing: dict[str, float], counts: dict[str, float]):
         names = sorted(sums)
-        values = (torch.stack([sums[n].float() for n in names]) / count if names
+        # weighted metrics and their weights stay sums: their ratio, taken after the reduction, is the weighted mean
+        weighted = [n for n in names if n + METRIC_WEIGHT in sums]
+        summed = set(weighted) | {n + METRIC_WEIGHT for n in weighted}
+        values = (torch.stack([sums[n].float() if n in summed else sums[n].float() / count for n in names]) if names
                   else torch.zeros(0, device=self.device))  # a window of dropped steps only
         # bad records skipped so far (the same keys on every rank), in the same reduction: scaled by the world
         # size, their mean over ranks is their sum
@@ -831,6 +841,10 @@ class Engine:
             values = values / self.world
         scalars = dict(zip(names + [f"data/skipped/{k}" for k in skip_names],
                            values.cpu().tolist()))  # one host sync, every log_every steps
+        for n in weighted:
+            weight, total = scalars.pop(n + METRIC_WEIGHT), scalars.pop(n)
+            if weight > 0:
+                scalars[n] = total / weight
         elapsed = timing["step"]
         scalars.update({
             "lr": self.scheduler.get_last_lr()[0],
@@ -919,7 +933,8 @@ class Engine:
                         bad = ~torch.isfinite(loss.detach())  # on the device: read when the engine settles
                         loss_bad = bad if loss_bad is None else loss_bad | bad
                         for k, v in metrics.items():
-                            step_sums[k] = step_sums.get(k, 0) + v
+                            w = metrics.get(k + METRIC_WEIGHT)
+                            step_sums[k] = step_sums.get(k, 0) + (v if w is None else v * w)
                     self.step += 1
                     window["step"] += time.perf_counter() - start
                     # a skip by DeepSpeed (or FiniteGuard's on the host) is a host fact already; under fp16 its skips

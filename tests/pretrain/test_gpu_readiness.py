@@ -133,10 +133,13 @@ def test_a_step_without_mrc_is_the_mlm_losses_alone_and_leaves_the_mrc_head_unto
 
 def test_masked_roi_attribute_loss_by_hand():
     """Uniform head logits over 2 attributes cost ln 2 whatever the target; a confident head pays -log of its
-    probability times the target's mass; an invisible row counts for nothing."""
+    probability times the target's mass; an invisible row counts for nothing, and the count says so (none visible:
+    means of 0 over a count of 0)."""
     target = torch.tensor([[0.25, 0.75], [0.25, 0.75], [5 / 6, 1 / 6]])
     head = torch.tensor([[0.0, 0.0], [0.0, 2.0], [9.0, -9.0]])
-    loss, hits = masked_roi_attribute_loss(head, target, torch.tensor([True, True, False]))
+    loss, hits, n = masked_roi_attribute_loss(head, target, torch.tensor([True, True, False]))
+    assert n.item() == 2
+    assert [t.item() for t in masked_roi_attribute_loss(head, target, torch.zeros(3, dtype=torch.bool))] == [0, 0, 0]
     second = -(0.25 * torch.log(torch.tensor(1 / (1 + torch.e ** 2))) + 0.75 * torch.log(torch.tensor(
         torch.e ** 2 / (1 + torch.e ** 2))))
     torch.testing.assert_close(loss, (torch.log(torch.tensor(2.0)) + second) / 2)
@@ -219,3 +222,4 @@ def test_stored_attribute_targets_are_the_shards_distributions_of_the_visible_ch
             out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]])
     expected = torch.nn.functional.cross_entropy(logits[visible], c["mrc_attribute_probs"][visible])
     torch.testing.assert_close(metrics["loss/mrc_attribute"], expected, rtol=1e-5, atol=1e-6)
+    assert metrics["loss/mrc_attribute#weight"].item() == metrics["acc/mrc_attribute#weight"].item() == visible.sum()
