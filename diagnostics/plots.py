@@ -11,6 +11,13 @@ from .categories import CHANCE, REPORTED
 from .conditions import LANGUAGE_FOR_VISION, VISION_FOR_LANGUAGE
 
 
+def half_widths(mean: float, s: dict) -> list[float]:
+    """Error bar lengths below and above a summary's mean; none for a summary without an interval (one value)."""
+    if s.get("ci95") is None:
+        return [0.0, 0.0]
+    return [mean - s["ci95"][0], s["ci95"][1] - mean]
+
+
 def ablation_figures(report: dict, out: Path) -> list[Path]:
     """figure2.png (bits per condition, a line per model) and threshold_sweep.png under `out`."""
     # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
@@ -32,7 +39,7 @@ def ablation_figures(report: dict, out: Path) -> list[Path]:
             if not all(c in g and g[c]["mean"] is not None for c in conditions):
                 continue
             means = [g[c]["mean"] for c in conditions]
-            err = np.array([[m - g[c]["ci95"][0], g[c]["ci95"][1] - m] for m, c in zip(means, conditions)]).T
+            err = np.array([half_widths(m, g[c]) for m, c in zip(means, conditions)]).T
             ax.errorbar(range(len(conditions)), means, yerr=err, marker="o", capsize=3, label=name)
         ax.set_xticks(range(len(conditions)), [c.capitalize().replace("_", " ") for c in conditions])
         ax.set_xlabel("ablation")
@@ -76,8 +83,7 @@ def grounding_figure(summaries: dict[str, dict], path: Path) -> Path:
     for i, (name, cond) in enumerate(series):
         s = summaries[name]["words"]
         means = [s[c][cond]["mean"] if c in s else np.nan for c in cats]
-        err = np.array([[m - s[c][cond]["ci95"][0], s[c][cond]["ci95"][1] - m] if c in s else [0, 0]
-                        for m, c in zip(means, cats)]).T
+        err = np.array([half_widths(m, s[c][cond]) if c in s else [0, 0] for m, c in zip(means, cats)]).T
         ax.bar(np.arange(len(cats)) + (i - (len(series) - 1) / 2) * width, means, width, yerr=err, capsize=2,
                label=f"{name}, {cond}")
     ax.scatter(np.arange(len(cats)), [CHANCE[c] for c in cats], marker="_", s=400, color="black", label="chance",

@@ -43,7 +43,9 @@ def summarise(values: np.ndarray, clusters: np.ndarray | None = None, resamples:
     if n == 0:
         return {"n": 0, "mean": None, "ci95": None}
     mean = float(v.mean())
-    if n < 2 or float(v.std()) == 0.0:
+    if n < 2:  # one value has no spread to make an interval of ([mean, mean] would claim certainty)
+        return {"n": n, "mean": mean, "ci95": None}
+    if float(v.std()) == 0.0:
         return {"n": n, "mean": mean, "ci95": [mean, mean]}
     lo, hi = stats.t.interval(0.95, n - 1, loc=mean, scale=stats.sem(v))
     return {"n": n, "mean": mean, "ci95": [float(lo), float(hi)]}
@@ -75,7 +77,9 @@ def paired_test(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None = None
 
 
 def format_interval(s: dict | None) -> str:
-    """'mean [low, high]' of a summary, or '-' when nothing was scored."""
+    """'mean [low, high]' of a summary, 'mean (n 1)' when it has no interval, or '-' when nothing was scored."""
     if not s or s["mean"] is None:
         return "-"
+    if s["ci95"] is None:
+        return f"{s['mean']:.3f} (n {s['n']})"
     return f"{s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"

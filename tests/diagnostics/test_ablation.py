@@ -12,7 +12,7 @@ from diagnostics.ablation import model_report
 from diagnostics.conditions import Ablator, evaluate
 from diagnostics.config import DiagnosticConfig
 from diagnostics.data import PhraseData, choose_targets, gold_label, regions_over
-from diagnostics.statistics import paired_test, summarise
+from diagnostics.statistics import format_interval, paired_test, summarise
 from model.config import model_config
 from model.vl_bert import VLBertForPretraining
 
@@ -56,6 +56,9 @@ def test_statistics_by_hand():
     half = 4.302652729911275 / math.sqrt(3)  # t(0.975, 2 df) x sem (sd 1)
     assert s["n"] == 3 and s["mean"] == 2.0
     assert s["ci95"] == pytest.approx([2 - half, 2 + half])
+    one = summarise(np.array([np.nan, 0.25]))  # one value: no interval, and the table says so
+    assert one == {"n": 1, "mean": 0.25, "ci95": None} and format_interval(one) == "0.250 (n 1)"
+    assert format_interval(s) == "2.000 [-0.484, 4.484]" and format_interval(None) == "-"
     t = paired_test(np.array([1.0, 2, 3, 4, np.nan]), np.array([2.0, 4, 5, 9, 1]))
     # differences 1, 2, 2, 5: mean 2.5, sd sqrt(3), t = 2.5 / (sqrt(3) / 2)
     assert t["n"] == 4 and t["mean_diff"] == 2.5 and t["t"] == pytest.approx(2.5 / (math.sqrt(3) / 2))
