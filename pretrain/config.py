@@ -32,6 +32,11 @@ class PretrainConfig:
     # held-out Flickr30k-Entities-format data for the cross-modal ablation diagnostic, run every
     # engine.eval_every steps (None = off); see diagnostics/ablation.py
     diagnostic: DiagnosticConfig | None = None
+    # and at the end, on the export: the diagnostic on this many held-out phrases (a seeded subset, as
+    # diagnostic.max_examples; None = every phrase), with intervals from a bootstrap over images and the paired
+    # differences (all - none), printed and written to <run_dir>/ablation/; 0 = off. About 0.3 s a phrase on 2 CPU
+    # cores: off in the quick start, whose budget it would overrun
+    final_ablation_examples: int | None = 0
     # held-out grounding measurements (diagnostics/grounding.py): masked-word accuracy per word category with
     # and without the image, MRC by visibility. A subset (`grounding_periodic_images`) every eval_every steps,
     # and the whole split on the export at the end, printed as a table (None = off)

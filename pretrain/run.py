@@ -13,6 +13,7 @@ import json
 import sys
 import tarfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -21,10 +22,15 @@ import torch
 from safetensors.torch import load_file
 from torchvision.utils import draw_bounding_boxes
 
-from diagnostics.ablation import PeriodicDiagnostic, feature_extractor
-from diagnostics.config import GroundingConfig
+from diagnostics.ablation import PeriodicDiagnostic, feature_extractor, model_report
+from diagnostics.ablation import markdown as ablation_markdown
+from diagnostics.conditions import Ablator, evaluate
+from diagnostics.config import DiagnosticConfig, GroundingConfig
+from diagnostics.data import PhraseData
 from diagnostics.grounding import GroundingEval, scalars, table
-from diagnostics.plots import grounding_figure
+from diagnostics.plots import ablation_figures, grounding_figure
+from diagnostics.report import write_report
+from diagnostics.statistics import format_interval
 from model.config import ConfigError, deep_merge, load_config
 from model.export import PRETRAINING_ARCHITECTURE, image_preprocessing, load_pretrained, save_pretrained
 from model.hf_import import load_hf_bert
@@ -211,6 +217,9 @@ class PretrainTask(Task):
             export(engine, self.model_cfg, run_dir / "export", self.tokenizer_dir, cfg.data)
             if cfg.grounding is not None:
                 final_grounding(engine, cfg.grounding, run_dir, self.tokenizer)
+            if cfg.diagnostic is not None and cfg.final_ablation_examples != 0:
+                final_ablation(engine, replace(cfg.diagnostic, max_examples=cfg.final_ablation_examples, sweep=[]),
+                               run_dir, self.tokenizer)
             if cfg.detector_drift and self.model_cfg.region_input == "pixels":
                 final_drift(engine, cfg.detector_drift, run_dir)
         if rank == 0:
@@ -225,19 +234,62 @@ def main(argv: list[str] | None = None) -> int:
     return run(PretrainTask(), argv)
 
 
+@contextmanager
+def every_core():
+    """Rank 0's final evaluations: the other ranks only wait at a barrier, so rank 0 may use every core (the
+    launcher gave each rank its share, e.g. OMP_NUM_THREADS=1 on 2 cores and 2 ranks)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, usable_cores()))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def final_ablation(engine, cfg: DiagnosticConfig, run_dir: Path, tokenizer) -> None:
+    """Rank 0: the cross-modal ablation (diagnostics.ablation, without the threshold sweep) on the exported model,
+    to <run_dir>/ablation/ (results.json / .md, figure2.png, per-example values), eval.jsonl and TensorBoard
+    (xmodal_final/*), and printed: bits per condition and all - none with its interval."""
+    if torch.distributed.get_rank() == 0:
+        start = time.perf_counter()
+        with every_core():
+            model = load_pretrained(run_dir / "export").to(engine.device).eval()
+            data = PhraseData(cfg, tokenizer, model.cfg.fast_rcnn.num_classes, feature_extractor(model, engine.device))
+            ablator = Ablator(model, engine.device, cfg.ablation_fill)
+            values = evaluate(ablator, data, tau=cfg.tau, desc="cross-modal ablation (export)")
+        report = {"config": cfg.__dict__, "step": engine.step,
+                  "models": {run_dir.name: {**model_report(values, data), "ablation_fill": ablator.fill}}}
+        out = run_dir / "ablation"
+        out.mkdir(exist_ok=True)
+        np.savez_compressed(out / "per_example.npz", **values)
+        write_report(out, "results", report, ablation_markdown(report), lambda: ablation_figures(report, out))
+        r = report["models"][run_dir.name]
+        diffs = {(t["metric"], t["a"], t["b"]): t for t in r["paired_tests"]}
+        flat = {f"xmodal_final/{group}/{cond}": s["mean"] for group in ("v4l", "l4v_kl") for cond, s in
+                r.get(group, {}).items() if s["mean"] is not None}
+        gap = diffs.get(("v4l", "none", "all"))
+        if gap is not None and gap["mean_diff"] is not None:
+            flat["xmodal_final/v4l_all_minus_none"] = gap["mean_diff"]
+        engine.write_scalars({**flat, "eval/ablation_seconds": time.perf_counter() - start}, "eval.jsonl")
+        ci = (gap or {}).get("ci95")
+        print(f"\ncross-modal ablation on {r['examples']} held-out phrases (step {engine.step}, "
+              f"{time.perf_counter() - start:.0f} s; {out / 'results.md'}): vision-for-language bits "
+              + ", ".join(f"{c} {format_interval(s)}" for c, s in r["v4l"].items())
+              + (f"; all - none {gap['mean_diff']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+                 if gap is not None and gap["mean_diff"] is not None else ""), flush=True)
+    torch.distributed.barrier()
+
+
 def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> None:
     """Rank 0: the grounding measurements on the exported model, over the whole held-out split, to
     <run_dir>/grounding/, TensorBoard (grounding/*) and eval.jsonl, and printed as a table."""
     if torch.distributed.get_rank() == 0:
 
         start = time.perf_counter()
-        # the other ranks only wait at the barrier below: rank 0 may use every core (the launcher gave
-        # each rank its share, e.g. OMP_NUM_THREADS=1 on 2 cores and 2 ranks)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(max(threads, usable_cores()))
-        model = load_pretrained(run_dir / "export").to(engine.device).eval()
-        ev = GroundingEval(cfg, tokenizer, feature_extractor(model, engine.device))
-        summary = ev.summarise(ev(model, engine.device))
+        with every_core():
+            model = load_pretrained(run_dir / "export").to(engine.device).eval()
+            ev = GroundingEval(cfg, tokenizer, feature_extractor(model, engine.device))
+            summary = ev.summarise(ev(model, engine.device))
         out = run_dir / "grounding"
         out.mkdir(exist_ok=True)
         (out / "grounding.json").write_text(json.dumps({"config": cfg.__dict__, "step": engine.step,
@@ -246,7 +298,6 @@ def final_grounding(engine, cfg: GroundingConfig, run_dir: Path, tokenizer) -> N
         (out / "grounding.md").write_text(text)
         grounding_figure({run_dir.name: summary}, out / "grounding.png")
         engine.write_scalars({**scalars(summary), "eval/seconds": time.perf_counter() - start}, "eval.jsonl")
-        torch.set_num_threads(threads)
         print(f"\ngrounding on {len(ev.data)} held-out images (step {engine.step}, "
               f"{time.perf_counter() - start:.0f} s):\n\n{text}", flush=True)
     torch.distributed.barrier()

@@ -43,6 +43,7 @@ def tiny_config(tmp_path, demo_corpus, run, diagnostic: bool = False, **engine) 
                             "boxes": str(raw / "flickr30k_entities" / "boxes_val.jsonl"), "short_side": 64,
                             "long_side": 96, "max_images": 3, "bootstrap": 50}
         cfg["grounding_periodic_images"] = 2
+        cfg["final_ablation_examples"] = 5  # and the diagnostic on the export at the end
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -116,6 +117,22 @@ def test_two_rank_run_learns_logs_exports(tmp_path, demo_corpus, stage):
         assert colour["image"]["clusters"] == 3 and 0.0 <= colour["image"]["mean"] <= 1.0
         assert "| colour |" in out or "colour" in (run / "grounding" / "grounding.md").read_text()
         assert (run / "grounding" / "grounding.png").read_bytes()[:4] == b"\x89PNG"
+        # the export's cross-modal ablation: what the stand-alone command computes on the export, same phrases
+        ours = json.loads((run / "ablation" / "results.json").read_text())["models"][f"z{stage}"]
+        diag = {**yaml.safe_load(config.read_text())["diagnostic"], "max_examples": 5, "sweep": "[]"}
+        cmd = [sys.executable, "-m", "diagnostics.ablation", "--model", f"export={run / 'export'}", "--out",
+               str(tmp_path / "ablation_cli"), "--device", "cpu", *(f"{k}={v}" for k, v in diag.items())]
+        cli = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert cli.returncode == 0, cli.stderr[-3000:]
+        theirs = json.loads((tmp_path / "ablation_cli" / "results.json").read_text())["models"]["export"]
+        assert ours["examples"] == theirs["examples"] == 5
+        for cond in ("none", "object", "all"):
+            assert ours["v4l"][cond]["mean"] == pytest.approx(theirs["v4l"][cond]["mean"], rel=1e-5), cond
+            assert ours["v4l"][cond]["ci95"] == pytest.approx(theirs["v4l"][cond]["ci95"], rel=1e-5), cond
+        gap = next(t for t in ours["paired_tests"] if (t["metric"], t["a"], t["b"]) == ("v4l", "none", "all"))
+        assert f"all - none {gap['mean_diff']:+.3f}" in out
+        assert [e.step for e in events.Scalars("xmodal_final/v4l_all_minus_none")] == [16]
     assert "train/sample" in events.Tags()["images"]
     # the export loads on its own and reproduces the live model's losses on a batch
     verify = json.loads((run / "export" / "verify.json").read_text())
