@@ -304,8 +304,10 @@ def test_two_rank_run_on_precomputed_features_with_the_diagnostic(tmp_path, demo
     rows = metrics(tmp_path / "feats")
     assert sorted(rows) == list(range(1, 13)) and all(math.isfinite(r["loss/mrc"]) for r in rows.values())
     evals = [json.loads(line) for line in (tmp_path / "feats" / "eval.jsonl").read_text().splitlines()]
-    # periodic (diagnostic + grounding) at 6 and 12, then grounding on the export, rerunning the extractor
-    assert [e["step"] for e in evals] == [6, 12, 12]
+    # periodic (diagnostic + grounding) at 6 and 12, then grounding and the cross-modal ablation on the export,
+    # rerunning the extractor
+    assert [e["step"] for e in evals] == [6, 12, 12, 12]
+    assert all(math.isfinite(evals[3][f"xmodal_final/{k}"]) for k in ("v4l/all", "v4l_all_minus_none"))
     assert all(math.isfinite(e["xmodal/v4l/object"]) and math.isfinite(e["xmodal/l4v_kl/all"]) for e in evals[:2])
     assert "xmodal/v4l/object" not in evals[2] and 0.0 <= evals[2]["grounding/colour/image"] <= 1.0
     verify = json.loads((tmp_path / "feats" / "export" / "verify.json").read_text())
