@@ -144,6 +144,26 @@ def feature_extractor(model: VLBertForPretraining, device="cpu"):
     return FeatureExtractor(model.cfg.fast_rcnn, device)
 
 
+def ablate(model: VLBertForPretraining, tokenizer, cfg: DiagnosticConfig, device, *, with_image: bool = True,
+           desc: str = "ablation") -> tuple[dict[str, np.ndarray], dict]:
+    """One model through the diagnostic: its per-example values and its report entry (`model_report`, with the
+    average its ablated elements took when it has an image)."""
+    data = PhraseData(cfg, tokenizer, model.cfg.fast_rcnn.num_classes if with_image else None,
+                      feature_extractor(model, device))
+    ablator = Ablator(model, device, cfg.ablation_fill)
+    values = evaluate(ablator, data, image=with_image, tau=cfg.tau, sweep=cfg.sweep if with_image else None,
+                      desc=desc)
+    entry = model_report(values, data)
+    if with_image:
+        entry["ablation_fill"] = ablator.fill
+    return values, entry
+
+
+def v4l_line(entry: dict) -> str:
+    """'vision-for-language bits none m [lo, hi], ...' of a report entry."""
+    return "vision-for-language bits " + ", ".join(f"{c} {format_interval(s)}" for c, s in entry["v4l"].items())
+
+
 def _text_baseline(path: str) -> tuple[VLBertForPretraining, Path]:
     bert_dir = bert_source_dir(path)
     model = VLBertForPretraining(config_from_hf(bert_dir, "base"), with_fast_rcnn=False)
@@ -177,21 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, load, with_image in runs:
         model, tokenizer_dir = load()
         model = model.to(args.device).eval()
-        data = PhraseData(cfg, load_tokenizer(str(tokenizer_dir)), model.cfg.fast_rcnn.num_classes if with_image
-                          else None, feature_extractor(model, args.device))
-        ablator = Ablator(model, args.device, cfg.ablation_fill)
-        values = evaluate(ablator, data, image=with_image, tau=cfg.tau, sweep=cfg.sweep if with_image else None,
-                          desc=name)
+        values, entry = ablate(model, load_tokenizer(str(tokenizer_dir)), cfg, args.device, with_image=with_image,
+                               desc=name)
         np.savez_compressed(out / f"per_example_{''.join(c if c.isalnum() else '_' for c in name)}.npz", **values)
-        report["models"][name] = model_report(values, data)
-        if with_image:
-            report["models"][name]["ablation_fill"] = ablator.fill
-            if ablator.fill != cfg.ablation_fill:
-                print(f"{name}: no appearance standardisers to read a training average from: ablated elements "
-                      f"take the evaluation images' average", flush=True)
-        g = report["models"][name]["v4l"]
-        print(f"{name}: vision-for-language bits "
-              + ", ".join(f"{c} {format_interval(s)}" for c, s in g.items()), flush=True)
+        report["models"][name] = entry
+        if with_image and entry["ablation_fill"] != cfg.ablation_fill:
+            print(f"{name}: no appearance standardisers to read a training average from: ablated elements "
+                  f"take the evaluation images' average", flush=True)
+        print(f"{name}: {v4l_line(entry)}", flush=True)
         if "l4v_kl" in report["models"][name]:
             print(f"{name}: language-for-vision MRC-KL bits " + ", ".join(
                 f"{c} {format_interval(s)}" for c, s in report["models"][name]["l4v_kl"].items()), flush=True)

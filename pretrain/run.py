@@ -22,15 +22,12 @@ import torch
 from safetensors.torch import load_file
 from torchvision.utils import draw_bounding_boxes
 
-from diagnostics.ablation import PeriodicDiagnostic, feature_extractor, model_report
+from diagnostics.ablation import PeriodicDiagnostic, ablate, feature_extractor, v4l_line
 from diagnostics.ablation import markdown as ablation_markdown
-from diagnostics.conditions import Ablator, evaluate
 from diagnostics.config import DiagnosticConfig, GroundingConfig
-from diagnostics.data import PhraseData
 from diagnostics.grounding import GroundingEval, scalars, table
 from diagnostics.plots import ablation_figures, grounding_figure
 from diagnostics.report import write_report
-from diagnostics.statistics import format_interval
 from model.config import ConfigError, deep_merge, load_config
 from model.export import PRETRAINING_ARCHITECTURE, image_preprocessing, load_pretrained, save_pretrained
 from model.hf_import import load_hf_bert
@@ -254,16 +251,12 @@ def final_ablation(engine, cfg: DiagnosticConfig, run_dir: Path, tokenizer) -> N
         start = time.perf_counter()
         with every_core():
             model = load_pretrained(run_dir / "export").to(engine.device).eval()
-            data = PhraseData(cfg, tokenizer, model.cfg.fast_rcnn.num_classes, feature_extractor(model, engine.device))
-            ablator = Ablator(model, engine.device, cfg.ablation_fill)
-            values = evaluate(ablator, data, tau=cfg.tau, desc="cross-modal ablation (export)")
-        report = {"config": cfg.__dict__, "step": engine.step,
-                  "models": {run_dir.name: {**model_report(values, data), "ablation_fill": ablator.fill}}}
+            values, r = ablate(model, tokenizer, cfg, engine.device, desc="cross-modal ablation (export)")
+        report = {"config": cfg.__dict__, "step": engine.step, "models": {run_dir.name: r}}
         out = run_dir / "ablation"
         out.mkdir(exist_ok=True)
         np.savez_compressed(out / "per_example.npz", **values)
         write_report(out, "results", report, ablation_markdown(report), lambda: ablation_figures(report, out))
-        r = report["models"][run_dir.name]
         diffs = {(t["metric"], t["a"], t["b"]): t for t in r["paired_tests"]}
         flat = {f"xmodal_final/{group}/{cond}": s["mean"] for group in ("v4l", "l4v_kl") for cond, s in
                 r.get(group, {}).items() if s["mean"] is not None}
@@ -273,8 +266,7 @@ def final_ablation(engine, cfg: DiagnosticConfig, run_dir: Path, tokenizer) -> N
         engine.write_scalars({**flat, "eval/ablation_seconds": time.perf_counter() - start}, "eval.jsonl")
         ci = (gap or {}).get("ci95")
         print(f"\ncross-modal ablation on {r['examples']} held-out phrases (step {engine.step}, "
-              f"{time.perf_counter() - start:.0f} s; {out / 'results.md'}): vision-for-language bits "
-              + ", ".join(f"{c} {format_interval(s)}" for c, s in r["v4l"].items())
+              f"{time.perf_counter() - start:.0f} s; {out / 'results.md'}): {v4l_line(r)}"
               + (f"; all - none {gap['mean_diff']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
                  if gap is not None and gap["mean_diff"] is not None else ""), flush=True)
     torch.distributed.barrier()

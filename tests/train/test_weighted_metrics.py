@@ -27,28 +27,20 @@ def value(step: int, micro: int, rank: int, row: int) -> float:
 _RUN = r"""
 import json, os, sys
 import torch
+from tests.toy_engine import CountingLoader
 from train.engine import METRIC_WEIGHT, Engine, EngineConfig, OptimConfig, entry_point, init_distributed
 
 args = json.loads(sys.argv[1])
 chosen = {tuple(json.loads(k)): v for k, v in args["chosen"].items()}
 
-class Loader:
-    def __init__(self):
-        self.n = 0
-    def state_dict(self):
-        return {"n": self.n}
-    def load_state_dict(self, state):
-        self.n = state["n"]
-    def __iter__(self):
-        rank = int(os.environ["RANK"])
-        while True:
-            step, micro = self.n // args["micro"] + 1, self.n % args["micro"]
-            self.n += 1
-            rows = torch.arange(4, dtype=torch.float32)
-            v = step + 0.1 * rows + 0.01 * micro + 0.5 * rank
-            pick = torch.zeros(4, dtype=torch.bool)
-            pick[chosen.get((step, micro, rank), [])] = True
-            yield {"x": torch.ones(4, 3), "v": v, "pick": pick}
+class Loader(CountingLoader):
+    # batch i (from 1) is micro-batch (i - 1) % micro of step (i - 1) // micro + 1
+    def batch(self, i):
+        step, micro, rank = (i - 1) // args["micro"] + 1, (i - 1) % args["micro"], int(os.environ["RANK"])
+        v = step + 0.1 * torch.arange(4, dtype=torch.float32) + 0.01 * micro + 0.5 * rank
+        pick = torch.zeros(4, dtype=torch.bool)
+        pick[chosen.get((step, micro, rank), [])] = True
+        return {"x": torch.ones(4, 3), "v": v, "pick": pick}
 
 class Module(torch.nn.Module):
     def __init__(self):
