@@ -143,8 +143,11 @@ def vqg_metrics(run: Path) -> tuple[dict[str, Examples], dict[str, float]]:
     return vqg_examples(cfg, {p["image_id"]: p["question"] for p in preds})
 
 
-def vqg_examples(cfg: dict, preds: dict[str, str]) -> tuple[dict[str, Examples], dict[str, float]]:
-    """`vqg_metrics` of questions `preds` ({image: question}) generated under a VQG run's config `cfg`."""
+def vqg_examples(cfg: dict, preds: dict[str, str],
+                 with_prior: bool = True) -> tuple[dict[str, Examples], dict[str, float]]:
+    """`vqg_metrics` of questions `preds` ({image: question}) generated under a VQG run's config `cfg`, and each
+    metric's prior (one question for every image); `with_prior=False` skips the prior, a second CIDEr-D pass, for
+    callers that already have it from the same split, and returns {} in its place."""
     data = cfg["data"]
     references = {im.image_id: im.questions for im in read_split(data[cfg["eval_split"]])}
     asked, train_images = asked_of(data["train"])
@@ -154,13 +157,16 @@ def vqg_examples(cfg: dict, preds: dict[str, str]) -> tuple[dict[str, Examples],
     own = {k: {norm(q) for q in v} - generic for k, v in references.items()}
     images = sorted(preds)
     inputs = {"image": "image only", "caption": "caption only", "both": "image + caption"}[cfg["inputs"]]
-    cider, prior = per_image_cider(preds, references), per_image_cider(dict.fromkeys(preds, common), references)
+    cider = per_image_cider(preds, references)
     specific = f"VQG asks an own non-generic question ({inputs})"
     cider_name = f"VQG CIDEr-D x100 ({inputs})"
-    return ({cider_name: Examples(images, [100.0 * cider[i] for i in images], images),
-             specific: Examples(images, [100.0 * (norm(preds[i]) in own[i]) for i in images], images)},
-            {cider_name: 100.0 * float(np.mean(list(prior.values()))),
-             specific: 100.0 * float(np.mean([common_specific in own[i] for i in images]))})
+    examples = {cider_name: Examples(images, [100.0 * cider[i] for i in images], images),
+                specific: Examples(images, [100.0 * (norm(preds[i]) in own[i]) for i in images], images)}
+    if not with_prior:
+        return examples, {}
+    prior = per_image_cider(dict.fromkeys(preds, common), references)
+    return examples, {cider_name: 100.0 * float(np.mean(list(prior.values()))),
+                      specific: 100.0 * float(np.mean([common_specific in own[i] for i in images]))}
 
 
 def vcr_predictions(run: Path) -> dict:

@@ -123,7 +123,7 @@ def test_table4_scores_vqg_per_image_against_one_question_for_every_image(tmp_pa
     training split's most frequent question, and its most frequent non-generic one, for every image), by hand.
     With n-gram-distinct references, a question equal to an image's only reference scores 10; equal to one of two
     references whose other shares no weighted n-gram, 5; sharing nothing, 0."""
-    from finetune.table4 import vqg_metrics
+    from finetune.table4 import vqg_examples, vqg_metrics
     from finetune.vqg_eval import question_metrics
 
     # 20 training images: generic = asked of >= 4 of them
@@ -149,6 +149,10 @@ def test_table4_scores_vqg_per_image_against_one_question_for_every_image(tmp_pa
     assert prior["VQG CIDEr-D x100 (image only)"] == pytest.approx(500 / 3)
     # "is the square big?" (3 of 20, case and spacing ignored) for every image: b's alone
     assert prior["VQG asks an own non-generic question (image only)"] == pytest.approx(100 / 3)
+    # a caller that has the prior already (the image control's second decoding) gets the same examples without it
+    again, none = vqg_examples(json.loads((run / "run.json").read_text())["config"], preds, with_prior=False)
+    assert none == {} and {k: v.values.tolist() for k, v in again.items()} == {k: v.values.tolist()
+                                                                              for k, v in found.items()}
 
 
 def test_epoch_loader_resumes_exactly():

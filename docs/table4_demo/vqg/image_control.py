@@ -40,7 +40,7 @@ def control(run: Path, device: str) -> dict:
     if sorted(other) != order:
         raise SystemExit(f"{run}: decoded {len(other)} images with other regions, {len(own)} with their own")
     mine, prior = vqg_examples(raw, own)
-    theirs, _ = vqg_examples(raw, other)
+    theirs, _ = vqg_examples(raw, other, with_prior=False)  # same images and references: the prior is mine's
     out = {"run": str(run), "images": len(order),
            "question_changed": float(np.mean([own[k] != other[k] for k in order])), "metrics": {}}
     for name, ex in mine.items():
