@@ -2,9 +2,10 @@
 seeds (0-2), the difference's mean and 95% interval from a bootstrap over val images (docs/FINETUNE.md).
 
     python docs/table4_demo/refcoco_start/paired.py --images 15 --base none --row pretrained_mrcattr_shards \
-        [--row NAME ...] [--runs runs/nc_long/refcoco] > paired.json
+        [--row NAME ...] [--pool] [--runs runs/nc_long/refcoco] > paired.json
 
-Rows are run directories under <runs>/img<N>_s<seed>/; every row must have all seeds.
+Rows are run directories under <runs>/img<N>_s<seed>/; every row must have all seeds. --pool adds the rows' mean
+(e.g. two pretraining draws of one recipe) minus the base, paired and bootstrapped the same way.
 """
 
 from __future__ import annotations
@@ -47,12 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, required=True, help="training images (the img<N>_s<seed> directories)")
     ap.add_argument("--base", default="none")
     ap.add_argument("--row", action="append", required=True)
+    ap.add_argument("--pool", action="store_true", help="also the mean of the rows minus the base")
     ap.add_argument("--runs", default="runs/nc_long/refcoco")
     args = ap.parse_args(argv)
     runs = Path(args.runs)
     base, images = seed_mean(runs, args.images, args.base)
     rows = {r: seed_mean(runs, args.images, r)[0] for r in args.row}
-    print(json.dumps(compare({f"{r} minus {args.base}": (base, v) for r, v in rows.items()}, images), indent=1))
+    pairs = {f"{r} minus {args.base}": (base, v) for r, v in rows.items()}
+    if args.pool:
+        pairs[f"mean of {' and '.join(rows)} minus {args.base}"] = (base, np.mean(list(rows.values()), axis=0))
+    print(json.dumps(compare(pairs, images), indent=1))
     return 0
 
 
