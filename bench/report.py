@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import re
 import statistics
 from pathlib import Path
 
-import torch
+from train.environment import describe, environment
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
 
@@ -26,18 +24,7 @@ def bench_parser(doc: str, repeats: int | None = 3, write: bool = True) -> argpa
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    return describe(environment())
 
 
 def median_range(values: list[float]) -> str:

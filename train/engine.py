@@ -48,6 +48,7 @@ from tqdm import tqdm
 from model.config import ConfigError, deep_merge
 from shards.seeding import seed_for
 
+from .environment import environment
 from .optim import BlockedAdamW
 
 
@@ -673,8 +674,21 @@ class Engine:
         if _is_rank0() and self.writer is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.writer = SummaryWriter(str(self.run_dir / "tb"))
-            (self.run_dir / "run.json").write_text(json.dumps({"run_id": self.run_id, **self.run_info}, indent=1,
-                                                              default=str))
+            path = self.run_dir / "run.json"
+            # a resumed run keeps the environments of its earlier starts: a resume on another machine or version
+            # is then visible beside the curve it may have bent
+            earlier = []
+            if path.exists():
+                try:
+                    before = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    before = {}
+                if before.get("run_id") == self.run_id:
+                    earlier = before.get("environments", [])
+            started = {"step": self.step, "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"), "world_size": self.world, **environment()}
+            path.write_text(json.dumps({"run_id": self.run_id, **self.run_info, "environments": [*earlier, started]},
+                                       indent=1, default=str))
 
     # -- checkpoints ----------------------------------------------------------------------------------
 

@@ -1,10 +1,13 @@
 """A run directory belongs to one run: a new run refuses another's checkpoints unless told to continue
-(--resume) or replace (--overwrite) them, runs carry an id, and export refuses another run's weights."""
+(--resume) or replace (--overwrite) them, runs carry an id and the environment of each start, and export refuses
+another run's weights."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 from tests.toy_engine import one_process_env
 
@@ -61,6 +64,13 @@ def test_a_used_run_dir_is_refused_continued_or_replaced(tmp_path):
     assert {r["run_id"] for r in rows(d)} == {run_id} and [r["step"] for r in rows(d)] == [1, 2, 3, 4]
     marker = json.loads((d / "checkpoints/step_0000004/COMPLETE").read_text())
     assert marker["run_id"] == run_id
+    # what it ran on, against this interpreter and git: one start, at step 0
+    (env,) = json.loads((d / "run.json").read_text())["environments"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert env["step"] == 0 and env["world_size"] == 1 and env["versions"]["torch"] == torch.__version__
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["executable"] == sys.executable
+    if head.returncode == 0:
+        assert env["source_commit"].removesuffix("+dirty") == head.stdout.strip()
     before = (d / "metrics.jsonl").read_text()
 
     # a new run into it: one line naming the directory and the ways out, exit 2, nothing touched
@@ -76,6 +86,7 @@ def test_a_used_run_dir_is_refused_continued_or_replaced(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["step"] for r in rows(d)] == [1, 2, 3, 4, 5, 6] and {r["run_id"] for r in rows(d)} == {run_id}
     assert "EXPORTED " + run_id in resumed.stdout
+    assert [e["step"] for e in json.loads((d / "run.json").read_text())["environments"]] == [0, 4]  # both starts
 
     # --overwrite replaces it: the old checkpoints and metrics are gone, a new id
     replaced = run(d, 2, "overwrite")
@@ -83,6 +94,7 @@ def test_a_used_run_dir_is_refused_continued_or_replaced(tmp_path):
     new_id = json.loads((d / "run.json").read_text())["run_id"]
     assert new_id != run_id and [r["step"] for r in rows(d)] == [1, 2]
     assert {r["run_id"] for r in rows(d)} == {new_id}
+    assert [e["step"] for e in json.loads((d / "run.json").read_text())["environments"]] == [0]  # not the old run's
     assert sorted(p.name for p in (d / "checkpoints").glob("step_*")) == ["step_0000002"]
 
 
