@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(report, indent=1))
-    text = "\n".join(lines) + ("\n\nRefCOCO+ val (gt boxes), accuracy at IoU >= 0.5 in percent; steps: the first "
-                               "logged step (every 10) with training accuracy >= 0.8.\n")
+    text = "\n".join(lines) + (f"\n\nRefCOCO+ val ({args.track} boxes), accuracy at IoU >= 0.5 in percent; steps: the "
+                               "first logged step (every 10) with training accuracy >= 0.8.\n")
     (out / "seeds.md").write_text(text)
     print(text)
 
