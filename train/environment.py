@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).resolve().parents[1]
-PACKAGES = ("torch", "torchvision", "deepspeed", "transformers", "numpy")
+PACKAGES = ("torchvision", "deepspeed", "transformers", "numpy")
 
 
 def cpu_model() -> str:
@@ -48,13 +48,13 @@ def source_commit(root: Path = SOURCE) -> str | None:
 
 
 def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    # torch as imported, which is what ran, even beside another installed copy
+    out: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
-    out["torch"] = torch.__version__  # the imported one, which is what ran, even beside another installed copy
     return out
 
 
