@@ -1,11 +1,17 @@
-"""RefCOCO+ rows against a base row, paired by expression: each expression's accuracy averaged over the finetuning
-seeds (0-2), the difference's mean and 95% interval from a bootstrap over val images (docs/FINETUNE.md).
+"""RefCOCO+, VQA or VCR rows against a base row, paired by example: each expression's (or question's) accuracy averaged
+over the finetuning seeds (0-2), the difference's mean and 95% interval from a bootstrap over val images
+(docs/FINETUNE.md).
 
     python docs/table4_demo/refcoco_start/paired.py --images 15 --base none --row pretrained_mrcattr_shards \
         [--row NAME ...] [--pool] [--runs runs/nc_long/refcoco] > paired.json
+    python docs/table4_demo/refcoco_start/paired.py --task vqa --images full --base none \
+        --row pretrained_mrcattr_shards [--runs runs/nc_long/vqa]     # overall and "other" (colour, shape)
+    python docs/table4_demo/refcoco_start/paired.py --task vcr --images full --seeds 0 --base none \
+        --row pretrained_mrcattr_shards    # Q->A: <runs>/full_s<seed>/<row>/qa (SUBTASKS=qa launch/finetune_vcr.sh)
 
-Rows are run directories under <runs>/img<N>_s<seed>/; every row must have all seeds. --pool adds the rows' mean
-(e.g. two pretraining draws of one recipe) minus the base, paired and bootstrapped the same way.
+Rows are run directories under <runs>/img<N>_s<seed>/ (`--images full`: <runs>/full_s<seed>/, any other prefix
+alike); every row must have all seeds. --pool adds the rows' mean (e.g. two pretraining draws of one recipe) minus
+the base, paired and bootstrapped the same way. Each row's own seed-averaged accuracy comes with its interval.
 """
 
 from __future__ import annotations
@@ -19,23 +25,36 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from diagnostics.statistics import paired_test  # noqa: E402
-from finetune.table4 import refcoco_metrics  # noqa: E402
+from diagnostics.statistics import clustered_bootstrap, paired_test  # noqa: E402
+from finetune.table4 import refcoco_metrics, vcr_examples, vcr_predictions, vqa_metrics  # noqa: E402
 
 KEEP = ("n", "mean_diff", "ci95", "clusters", "p_bootstrap")
+RUNS = {"refcoco": "runs/nc_long/refcoco", "vqa": "runs/nc_long/vqa", "vcr": "runs/nc_long/vcr"}
 
 
-def seed_mean(runs: Path, images_trained: int, row: str, seeds=(0, 1, 2)) -> tuple[np.ndarray, np.ndarray]:
-    """Per expression (sorted by key): its accuracy averaged over the finetuning seeds, and its image."""
-    per = [next(iter(refcoco_metrics(runs / f"img{images_trained}_s{s}" / row, "gt")[0].values())) for s in seeds]
-    keys = sorted(per[0].keys)
-    values = np.mean([[dict(zip(ex.keys, ex.values))[k] for k in keys] for ex in per], axis=0)
-    image = dict(zip(per[0].keys, per[0].images))
-    return values, np.array([image[k] for k in keys])
+def metrics_of(task: str, run: Path) -> dict:
+    if task == "vcr":  # launch/finetune_vcr.sh's Q->A run under the row's folder
+        preds = vcr_predictions(run / "qa")
+        return {"VCR Q->A": vcr_examples(preds, lambda k: int(np.argmax(preds[k]["probs"])) == preds[k]["label"])}
+    return (vqa_metrics(run) if task == "vqa" else refcoco_metrics(run, "gt"))[0]
+
+
+def seed_mean(task: str, runs: Path, images_trained: str, row: str,
+              seeds=(0, 1, 2)) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{metric: (per example, sorted by key: its accuracy averaged over the finetuning seeds; its image)}."""
+    subset = f"img{images_trained}" if images_trained.isdigit() else images_trained
+    per = [metrics_of(task, runs / f"{subset}_s{s}" / row) for s in seeds]
+    out = {}
+    for name in per[0]:
+        keys = sorted(per[0][name].keys)
+        values = np.mean([[dict(zip(m[name].keys, m[name].values))[k] for k in keys] for m in per], axis=0)
+        image = dict(zip(per[0][name].keys, per[0][name].images))
+        out[name] = (values, np.array([image[k] for k in keys]))
+    return out
 
 
 def compare(pairs: dict[str, tuple[np.ndarray, np.ndarray]], images: np.ndarray) -> dict:
-    """{name: b - a paired over expressions, bootstrap over images} for each (a, b)."""
+    """{name: b - a paired over examples, bootstrap over images} for each (a, b)."""
     out = {}
     for name, (a, b) in pairs.items():
         t = paired_test(a, b, clusters=images)
@@ -45,19 +64,31 @@ def compare(pairs: dict[str, tuple[np.ndarray, np.ndarray]], images: np.ndarray)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--images", type=int, required=True, help="training images (the img<N>_s<seed> directories)")
+    ap.add_argument("--task", choices=sorted(RUNS), default="refcoco")
+    ap.add_argument("--images", required=True,
+                    help="training images N (the img<N>_s<seed> directories), or the folders' prefix (full, e6)")
     ap.add_argument("--base", default="none")
     ap.add_argument("--row", action="append", required=True)
     ap.add_argument("--pool", action="store_true", help="also the mean of the rows minus the base")
-    ap.add_argument("--runs", default="runs/nc_long/refcoco")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--runs", help="default: " + ", ".join(f"{t}: {r}" for t, r in RUNS.items()))
     args = ap.parse_args(argv)
-    runs = Path(args.runs)
-    base, images = seed_mean(runs, args.images, args.base)
-    rows = {r: seed_mean(runs, args.images, r)[0] for r in args.row}
-    pairs = {f"{r} minus {args.base}": (base, v) for r, v in rows.items()}
-    if args.pool:
-        pairs[f"mean of {' and '.join(rows)} minus {args.base}"] = (base, np.mean(list(rows.values()), axis=0))
-    print(json.dumps(compare(pairs, images), indent=1))
+    runs, seeds = Path(args.runs or RUNS[args.task]), [int(s) for s in args.seeds.split(",")]
+    base = seed_mean(args.task, runs, args.images, args.base, seeds)
+    rows = {r: seed_mean(args.task, runs, args.images, r, seeds) for r in args.row}
+    report = {}
+    for metric, (b, images) in base.items():
+        pairs = {f"{r} minus {args.base}": (b, v[metric][0]) for r, v in rows.items()}
+        if args.pool:
+            pairs[f"mean of {' and '.join(rows)} minus {args.base}"] = (
+                b, np.mean([v[metric][0] for v in rows.values()], axis=0))
+        own = {r: clustered_bootstrap(v, images) for r, v in [(args.base, b), *((r, v[metric][0])
+                                                                                for r, v in rows.items())]}
+        entry = {"rows": {r: {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"]} for r, s in own.items()},
+                 **compare(pairs, images)}
+        # one metric (RefCOCO+, VCR Q->A): the report's old shape, the pairs at the top level
+        report = {**entry} if len(base) == 1 else {**report, metric: entry}
+    print(json.dumps(report, indent=1))
     return 0
 
 
