@@ -105,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     keys = sorted(referent)
     clusters = np.array([image[k] for k in keys])
     # whether any detection could be right: the track's recall, the ceiling of "right"
-    recall = np.array([float(any(box_iou(torch.tensor([d]), torch.tensor([anns[referent[k]]["box"]]))[0, 0] >= 0.5
-                                 for d in dets.get(image[k], []))) for k in keys])
+    recall = np.array([float(bool(dets.get(image[k])) and bool(
+        (box_iou(torch.tensor(dets[image[k]]), torch.tensor([anns[referent[k]]["box"]])) >= 0.5).any())) for k in keys])
 
     scenes = [json.loads(line)["objects"] for line in open(args.scenes)]
     objects = {a: scenes[im][k] for im, ids in by_image.items() for k, a in enumerate(ids)}
     columns = (*OUTCOMES, *CONFUSIONS)
+    position = {k: i for i, k in enumerate(keys)}
 
     def shares(root: str, row: str) -> np.ndarray:
         """(expressions, columns): each outcome's share over the seeds, then the "another object" ones by what the
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             got, other = outcomes(json.loads((run / "predictions_val.json").read_text()), referent, anns, by_image)
             counts[np.arange(len(keys)), [got[k] for k in keys]] += 1
             for k, a in other.items():
-                counts[keys.index(k), len(OUTCOMES) + confusion(objects[a], objects[referent[k]])] += 1
+                counts[position[k], len(OUTCOMES) + confusion(objects[a], objects[referent[k]])] += 1
         return 100 * counts / len(seeds)
 
     def paired(a: np.ndarray, b: np.ndarray) -> dict:

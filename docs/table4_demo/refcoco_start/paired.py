@@ -84,11 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                 b, np.mean([v[metric][0] for v in rows.values()], axis=0))
         own = {r: clustered_bootstrap(v, images) for r, v in [(args.base, b), *((r, v[metric][0])
                                                                                 for r, v in rows.items())]}
-        entry = {"rows": {r: {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"]} for r, s in own.items()},
-                 **compare(pairs, images)}
-        # one metric (RefCOCO+, VCR Q->A): the report's old shape, the pairs at the top level
-        report = {**entry} if len(base) == 1 else {**report, metric: entry}
-    print(json.dumps(report, indent=1))
+        report[metric] = {"rows": {r: {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"]} for r, s in own.items()},
+                          **compare(pairs, images)}
+    # one metric (RefCOCO+, VCR Q->A): the report's old shape, the pairs at the top level
+    print(json.dumps(next(iter(report.values())) if len(report) == 1 else report, indent=1))
     return 0
 
 
