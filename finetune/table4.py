@@ -178,6 +178,21 @@ def vcr_examples(preds: dict, right) -> Examples:
     return Examples(keys, [100.0 * right(k) for k in keys], [preds[k]["image"] for k in keys])
 
 
+def vcr_metrics(runs: dict[str, Path]) -> tuple[dict[str, Examples], dict[str, float]]:
+    """Q->A and QA->R from whichever of {"qa": run, "qar": run} is given, and Q->AR (both right) when both are:
+    an answer is right when its highest-scored choice is the label."""
+    preds = {sub: vcr_predictions(run) for sub, run in runs.items()}
+    right = {sub: (lambda k, p=p: int(np.argmax(p[k]["probs"])) == p[k]["label"]) for sub, p in preds.items()}
+    names = {"qa": "VCR Q->A", "qar": "VCR QA->R"}
+    examples = {names[sub]: vcr_examples(p, right[sub]) for sub, p in preds.items()}
+    chance = {names[sub]: 25.0 for sub in preds}
+    if len(preds) == 2:
+        both = {k: v for k, v in preds["qa"].items() if k in preds["qar"]}
+        examples["VCR Q->AR"] = vcr_examples(both, lambda k: right["qa"](k) and right["qar"](k))
+        chance["VCR Q->AR"] = 6.25
+    return examples, chance
+
+
 def finished(run: Path) -> bool:
     """A run that evaluated (its metrics written); one still training or stopped is left out, and said so."""
     if not (run / "run.json").exists():
@@ -205,16 +220,9 @@ def read_runs(root: Path) -> tuple[dict[str, dict[str, Examples]], dict[str, flo
             run = root / f"refcoco_{track}" / init
             if finished(run):
                 add(init, refcoco_metrics(run, track))
-        preds = {sub: vcr_predictions(root / f"vcr_{sub}" / init) for sub in ("qa", "qar")
-                 if finished(root / f"vcr_{sub}" / init)}
-        right = {sub: (lambda k, p=p: int(np.argmax(p[k]["probs"])) == p[k]["label"]) for sub, p in preds.items()}
-        names = {"qa": "VCR Q->A", "qar": "VCR QA->R"}
-        for sub, p in preds.items():
-            add(init, ({names[sub]: vcr_examples(p, right[sub])}, {names[sub]: 25.0}))
-        if len(preds) == 2:
-            both = {k: v for k, v in preds["qa"].items() if k in preds["qar"]}
-            add(init, ({"VCR Q->AR": vcr_examples(both, lambda k, r=right: r["qa"](k) and r["qar"](k))},
-                       {"VCR Q->AR": 6.25}))
+        vcr = {sub: root / f"vcr_{sub}" / init for sub in ("qa", "qar") if finished(root / f"vcr_{sub}" / init)}
+        if vcr:
+            add(init, vcr_metrics(vcr))
         if finished(root / "vqg" / init):
             add(init, vqg_metrics(root / "vqg" / init))
     if not table:

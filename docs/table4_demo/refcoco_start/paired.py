@@ -7,7 +7,8 @@ over the finetuning seeds (0-2), the difference's mean and 95% interval from a b
     python docs/table4_demo/refcoco_start/paired.py --task vqa --images full --base none \
         --row pretrained_mrcattr_shards [--runs runs/nc_long/vqa]     # overall and "other" (colour, shape)
     python docs/table4_demo/refcoco_start/paired.py --task vcr --images full --seeds 0 --base none \
-        --row pretrained_mrcattr_shards    # Q->A: <runs>/full_s<seed>/<row>/qa (SUBTASKS=qa launch/finetune_vcr.sh)
+        --row pretrained_mrcattr_shards    # Q->A: <runs>/full_s<seed>/<row>/qa (SUBTASKS=qa launch/finetune_vcr.sh);
+                                           # QA->R and Q->AR too where <row>/qar is there in every row
 
 Rows are run directories under <runs>/img<N>_s<seed>/ (`--images full`: <runs>/full_s<seed>/, any other prefix
 alike); every row must have all seeds. --pool adds the rows' mean (e.g. two pretraining draws of one recipe) minus
@@ -26,16 +27,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from diagnostics.statistics import clustered_bootstrap, paired_test  # noqa: E402
-from finetune.table4 import refcoco_metrics, vcr_examples, vcr_predictions, vqa_metrics  # noqa: E402
+from finetune.table4 import refcoco_metrics, vcr_metrics, vqa_metrics  # noqa: E402
 
 KEEP = ("n", "mean_diff", "ci95", "clusters", "p_bootstrap")
 RUNS = {"refcoco": "runs/nc_long/refcoco", "vqa": "runs/nc_long/vqa", "vcr": "runs/nc_long/vcr"}
 
 
 def metrics_of(task: str, run: Path) -> dict:
-    if task == "vcr":  # launch/finetune_vcr.sh's Q->A run under the row's folder
-        preds = vcr_predictions(run / "qa")
-        return {"VCR Q->A": vcr_examples(preds, lambda k: int(np.argmax(preds[k]["probs"])) == preds[k]["label"])}
+    if task == "vcr":  # launch/finetune_vcr.sh's runs under the row's folder: qa, and qar where it was run
+        return vcr_metrics({sub: run / sub for sub in ("qa", "qar") if (run / sub).is_dir()})[0]
     return (vqa_metrics(run) if task == "vqa" else refcoco_metrics(run, "gt"))[0]
 
 
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = {r: seed_mean(args.task, runs, args.images, r, seeds) for r in args.row}
     report = {}
     for metric, (b, images) in base.items():
+        if any(metric not in v for v in rows.values()):  # e.g. VCR QA->R where a row ran Q->A alone
+            continue
         pairs = {f"{r} minus {args.base}": (b, v[metric][0]) for r, v in rows.items()}
         if args.pool:
             pairs[f"mean of {' and '.join(rows)} minus {args.base}"] = (
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                 for r, v in rows.items())]}
         report[metric] = {"rows": {r: {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"]} for r, s in own.items()},
                           **compare(pairs, images)}
-    # one metric (RefCOCO+, VCR Q->A): the report's old shape, the pairs at the top level
+    # one metric (RefCOCO+, VCR Q->A alone): the report's old shape, the pairs at the top level
     print(json.dumps(next(iter(report.values())) if len(report) == 1 else report, indent=1))
     return 0
 
