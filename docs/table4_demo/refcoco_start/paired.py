@@ -12,7 +12,8 @@ over the finetuning seeds (0-2), the difference's mean and 95% interval from a b
 
 Rows are run directories under <runs>/img<N>_s<seed>/ (`--images full`: <runs>/full_s<seed>/, any other prefix
 alike); every row must have all seeds. --pool adds the rows' mean (e.g. two pretraining draws of one recipe) minus
-the base, paired and bootstrapped the same way. Each row's own seed-averaged accuracy comes with its interval.
+the base, paired and bootstrapped the same way. Each row's own seed-averaged accuracy comes with its interval,
+and each metric with its prior or chance as the base run's metrics name it (chance_or_prior; session 50 on).
 """
 
 from __future__ import annotations
@@ -33,17 +34,22 @@ KEEP = ("n", "mean_diff", "ci95", "clusters", "p_bootstrap")
 RUNS = {"refcoco": "runs/nc_long/refcoco", "vqa": "runs/nc_long/vqa", "vcr": "runs/nc_long/vcr"}
 
 
-def metrics_of(task: str, run: Path) -> dict:
+def metrics_of(task: str, run: Path) -> tuple[dict, dict[str, float]]:
+    """({metric: Examples}, {metric: its prior or chance})."""
     if task == "vcr":  # launch/finetune_vcr.sh's runs under the row's folder: qa, and qar where it was run
-        return vcr_metrics({sub: run / sub for sub in ("qa", "qar") if (run / sub).is_dir()})[0]
-    return (vqa_metrics(run) if task == "vqa" else refcoco_metrics(run, "gt"))[0]
+        return vcr_metrics({sub: run / sub for sub in ("qa", "qar") if (run / sub).is_dir()})
+    return vqa_metrics(run) if task == "vqa" else refcoco_metrics(run, "gt")
+
+
+def folder(images_trained: str) -> str:
+    return f"img{images_trained}" if images_trained.isdigit() else images_trained
 
 
 def seed_mean(task: str, runs: Path, images_trained: str, row: str,
               seeds=(0, 1, 2)) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{metric: (per example, sorted by key: its accuracy averaged over the finetuning seeds; its image)}."""
-    subset = f"img{images_trained}" if images_trained.isdigit() else images_trained
-    per = [metrics_of(task, runs / f"{subset}_s{s}" / row) for s in seeds]
+    subset = folder(images_trained)
+    per = [metrics_of(task, runs / f"{subset}_s{s}" / row)[0] for s in seeds]
     out = {}
     for name in per[0]:
         keys = sorted(per[0][name].keys)
@@ -75,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs, seeds = Path(args.runs or RUNS[args.task]), [int(s) for s in args.seeds.split(",")]
     base = seed_mean(args.task, runs, args.images, args.base, seeds)
+    chance = metrics_of(args.task, runs / f"{folder(args.images)}_s{seeds[0]}" / args.base)[1]
     rows = {r: seed_mean(args.task, runs, args.images, r, seeds) for r in args.row}
     report = {}
     for metric, (b, images) in base.items():
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         own = {r: clustered_bootstrap(v, images) for r, v in [(args.base, b), *((r, v[metric][0])
                                                                                 for r, v in rows.items())]}
         report[metric] = {"rows": {r: {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"]} for r, s in own.items()},
-                          **compare(pairs, images)}
+                          **compare(pairs, images), "chance_or_prior": chance[metric]}
     # one metric (RefCOCO+, VCR Q->A alone): the report's old shape, the pairs at the top level
     print(json.dumps(next(iter(report.values())) if len(report) == 1 else report, indent=1))
     return 0
