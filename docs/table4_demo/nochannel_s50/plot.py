@@ -46,13 +46,13 @@ def bars(ax, panels: dict, rows: dict, title: str) -> None:
     ax.set_xticks(range(len(panels)), list(panels), fontsize=8)
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     ax.set_title(title, fontsize=9)
 
 
 def main() -> int:
     vqa, ref, vcr = metrics("vqa_s0.json"), metrics("refcoco_img15.json"), metrics("vcr_e2_s0.json")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 2.2]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2.2]})
     bars(left, {"VQA overall\n(seed 0)": vqa["VQA overall"], "VQA other\n(colour, shape; seed 0)":
                 vqa["VQA other (colour, shape)"], "RefCOCO+ gt\n(15 images, 3 seeds)": ref["refcoco_img15"]},
          ABLATION_ROWS, "Pretraining ablations without the channel, at each launcher's budget")
