@@ -8,12 +8,16 @@ recipe) with its 95% interval by image, and the task's prior or chance.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bars import bars  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1]
 ROWS = {"none": "no VL pretraining (step 0)", "pretrained_mrcattr_shards": "VL pretrained, draw 0",
@@ -38,25 +42,9 @@ def main() -> int:
         "RefCOCO+ detected\ntrack": ({r: v["right"] for r, v in ref["detected"].items()}, 14.33),
         "VCR Q->A\n(seed 0)": (vcr["rows"], 25.0),
     }
-    fig, ax = plt.subplots(figsize=(11, 4.2))
-    width = 0.8 / len(ROWS)
-    for j, (row, label) in enumerate(ROWS.items()):
-        xs, ys, err = [], [], [[], []]
-        for k, (rows, _) in enumerate(panels.values()):
-            s = rows[row]
-            xs.append(k + (j - (len(ROWS) - 1) / 2) * width)
-            ys.append(s["mean"])
-            err[0].append(s["mean"] - s["ci95"][0])
-            err[1].append(s["ci95"][1] - s["mean"])
-        ax.bar(xs, ys, width, yerr=err, capsize=3, label=label)
-    for k, (_, chance) in enumerate(panels.values()):
-        ax.hlines(chance, k - 0.45, k + 0.45, colors="k", linestyles="--", label="prior / chance" if k == 0 else None)
-    ax.set_xticks(range(len(panels)), list(panels), fontsize=8)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, loc="upper right", ncol=2)
-    ax.set_title("Table 4 without the region word channel, at each launcher's budget (95% intervals by image)",
-                 fontsize=9)
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    bars(ax, panels, ROWS,
+         "Table 4 without the region word channel, at each launcher's budget (95% intervals by image)")
     fig.tight_layout()
     out = Path(__file__).with_name("table4.png")
     fig.savefig(out, dpi=110)

@@ -8,12 +8,16 @@ prior or chance as the reports carry it (chance_or_prior).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bars import bars  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ABLATION_ROWS = {"none": "no VL pretraining (step 0)", "pretrained_mrcattr_shards": "VL pretrained (draw 0)",
@@ -22,32 +26,11 @@ VCR_ROWS = {"none": "no VL pretraining (step 0)", "pretrained_mrcattr_shards": "
             "pretrained_mrcattr_shards_p1": "VL pretrained, draw 1"}  # those the VCR report has
 
 
-def metrics(name: str) -> dict:
-    """{metric: {"rows": ..., "chance_or_prior": ...}}; a one-metric report keeps its pairs at the top level."""
+def metrics(name: str) -> dict[str, tuple[dict, float]]:
+    """{metric: (its rows, its prior or chance)}; a one-metric report keeps its pairs at the top level."""
     rep = json.loads((HERE / name).read_text())
-    return {name.split(".")[0]: rep} if "rows" in rep else rep
-
-
-def bars(ax, panels: dict, rows: dict, title: str) -> None:
-    rows = {r: label for r, label in rows.items() if all(r in rep["rows"] for rep in panels.values())}
-    width = 0.8 / len(rows)
-    for j, (row, label) in enumerate(rows.items()):
-        xs, ys, err = [], [], [[], []]
-        for k, rep in enumerate(panels.values()):
-            s = rep["rows"][row]
-            xs.append(k + (j - (len(rows) - 1) / 2) * width)
-            ys.append(s["mean"])
-            err[0].append(s["mean"] - s["ci95"][0])
-            err[1].append(s["ci95"][1] - s["mean"])
-        ax.bar(xs, ys, width, yerr=err, capsize=3, label=label)
-    for k, rep in enumerate(panels.values()):
-        ax.hlines(rep["chance_or_prior"], k - 0.45, k + 0.45, colors="k", linestyles="--",
-                  label="prior / chance" if k == 0 else None)
-    ax.set_xticks(range(len(panels)), list(panels), fontsize=8)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
-    ax.set_title(title, fontsize=9)
+    rep = {name.split(".")[0]: rep} if "rows" in rep else rep
+    return {m: (r["rows"], r["chance_or_prior"]) for m, r in rep.items()}
 
 
 def main() -> int:

@@ -41,22 +41,20 @@ def metrics_of(task: str, run: Path) -> tuple[dict, dict[str, float]]:
     return vqa_metrics(run) if task == "vqa" else refcoco_metrics(run, "gt")
 
 
-def folder(images_trained: str) -> str:
-    return f"img{images_trained}" if images_trained.isdigit() else images_trained
-
-
 def seed_mean(task: str, runs: Path, images_trained: str, row: str,
-              seeds=(0, 1, 2)) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{metric: (per example, sorted by key: its accuracy averaged over the finetuning seeds; its image)}."""
-    subset = folder(images_trained)
-    per = [metrics_of(task, runs / f"{subset}_s{s}" / row)[0] for s in seeds]
+              seeds=(0, 1, 2)) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, float]]:
+    """{metric: (per example, sorted by key: its accuracy averaged over the finetuning seeds; its image)}, and each
+    metric's prior or chance (the first seed's run's)."""
+    subset = f"img{images_trained}" if images_trained.isdigit() else images_trained
+    found = [metrics_of(task, runs / f"{subset}_s{s}" / row) for s in seeds]
+    per = [examples for examples, _ in found]
     out = {}
     for name in per[0]:
         keys = sorted(per[0][name].keys)
         values = np.mean([[dict(zip(m[name].keys, m[name].values))[k] for k in keys] for m in per], axis=0)
         image = dict(zip(per[0][name].keys, per[0][name].images))
         out[name] = (values, np.array([image[k] for k in keys]))
-    return out
+    return out, found[0][1]
 
 
 def compare(pairs: dict[str, tuple[np.ndarray, np.ndarray]], images: np.ndarray) -> dict:
@@ -80,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", help="default: " + ", ".join(f"{t}: {r}" for t, r in RUNS.items()))
     args = ap.parse_args(argv)
     runs, seeds = Path(args.runs or RUNS[args.task]), [int(s) for s in args.seeds.split(",")]
-    base = seed_mean(args.task, runs, args.images, args.base, seeds)
-    chance = metrics_of(args.task, runs / f"{folder(args.images)}_s{seeds[0]}" / args.base)[1]
-    rows = {r: seed_mean(args.task, runs, args.images, r, seeds) for r in args.row}
+    base, chance = seed_mean(args.task, runs, args.images, args.base, seeds)
+    rows = {r: seed_mean(args.task, runs, args.images, r, seeds)[0] for r in args.row}
     report = {}
     for metric, (b, images) in base.items():
         if any(metric not in v for v in rows.values()):  # e.g. VCR QA->R where a row ran Q->A alone

@@ -1,0 +1,27 @@
+"""The grouped bar chart the Table 4 figures share (docs/FINETUNE.md, sessions 49-50): each row's accuracy per panel
+with its 95% interval, and each panel's prior or chance as a dashed line."""
+
+from __future__ import annotations
+
+
+def bars(ax, panels: dict[str, tuple[dict, float]], rows: dict[str, str], title: str) -> None:
+    """panels: {label: ({row: {"mean", "ci95"}}, prior or chance)}; rows: {row: legend label}, drawn where every
+    panel has the row."""
+    rows = {r: label for r, label in rows.items() if all(r in got for got, _ in panels.values())}
+    width = 0.8 / len(rows)
+    for j, (row, label) in enumerate(rows.items()):
+        xs, ys, err = [], [], [[], []]
+        for k, (got, _) in enumerate(panels.values()):
+            s = got[row]
+            xs.append(k + (j - (len(rows) - 1) / 2) * width)
+            ys.append(s["mean"])
+            err[0].append(s["mean"] - s["ci95"][0])
+            err[1].append(s["ci95"][1] - s["mean"])
+        ax.bar(xs, ys, width, yerr=err, capsize=3, label=label)
+    for k, (_, chance) in enumerate(panels.values()):
+        ax.hlines(chance, k - 0.45, k + 0.45, colors="k", linestyles="--", label="prior / chance" if k == 0 else None)
+    ax.set_xticks(range(len(panels)), list(panels), fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    ax.set_title(title, fontsize=9)
