@@ -16,8 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bars import bars  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from docs.table4_demo.bars import bars  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ABLATION_ROWS = {"none": "no VL pretraining (step 0)", "pretrained_mrcattr_shards": "VL pretrained (draw 0)",
