@@ -44,12 +44,12 @@ def metrics_of(task: str, run: Path) -> tuple[dict, dict[str, float]]:
 def seed_mean(task: str, runs: Path, images_trained: str, row: str,
               seeds=(0, 1, 2)) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, float]]:
     """{metric: (per example, sorted by key: its accuracy averaged over the finetuning seeds; its image)}, and each
-    metric's prior or chance (the first seed's run's)."""
+    metric's prior or chance (the first seed's run's); a metric some seeds lack is left out."""
     subset = f"img{images_trained}" if images_trained.isdigit() else images_trained
     found = [metrics_of(task, runs / f"{subset}_s{s}" / row) for s in seeds]
     per = [examples for examples, _ in found]
     out = {}
-    for name in per[0]:
+    for name in [n for n in per[0] if all(n in m for m in per)]:  # VCR: QA->R only where every seed ran qar
         keys = sorted(per[0][name].keys)
         values = np.mean([[dict(zip(m[name].keys, m[name].values))[k] for k in keys] for m in per], axis=0)
         image = dict(zip(per[0][name].keys, per[0][name].images))
