@@ -6,7 +6,9 @@ from __future__ import annotations
 
 def bars(ax, panels: dict[str, tuple[dict, float]], rows: dict[str, str], title: str) -> None:
     """panels: {label: ({row: {"mean", "ci95"}}, prior or chance)}; rows: {row: legend label}, drawn where every
-    panel has the row."""
+    panel has the row; a row keeps its colour (its place in `rows`) when another is left out, so panels side by side
+    match."""
+    colour = {r: f"C{i}" for i, r in enumerate(rows)}
     rows = {r: label for r, label in rows.items() if all(r in got for got, _ in panels.values())}
     width = 0.8 / len(rows)
     for j, (row, label) in enumerate(rows.items()):
@@ -17,7 +19,7 @@ def bars(ax, panels: dict[str, tuple[dict, float]], rows: dict[str, str], title:
             ys.append(s["mean"])
             err[0].append(s["mean"] - s["ci95"][0])
             err[1].append(s["ci95"][1] - s["mean"])
-        ax.bar(xs, ys, width, yerr=err, capsize=3, label=label)
+        ax.bar(xs, ys, width, yerr=err, capsize=3, label=label, color=colour[row])
     for k, (_, chance) in enumerate(panels.values()):
         ax.hlines(chance, k - 0.45, k + 0.45, colors="k", linestyles="--", label="prior / chance" if k == 0 else None)
     ax.set_xticks(range(len(panels)), list(panels), fontsize=8)
