@@ -13,7 +13,8 @@ over the finetuning seeds (0-2), the difference's mean and 95% interval from a b
 Rows are run directories under <runs>/img<N>_s<seed>/ (`--images full`: <runs>/full_s<seed>/, any other prefix
 alike); every row must have all seeds. --pool adds the rows' mean (e.g. two pretraining draws of one recipe) minus
 the base, paired and bootstrapped the same way. Each row's own seed-averaged accuracy comes with its interval,
-and each metric with its prior or chance as the base run's metrics name it (chance_or_prior; session 50 on).
+and each metric with its prior or chance as the base run's metrics name it (chance_or_prior; session 50 on). Each
+difference also comes seed by seed (per_seed) with a t-interval over the seeds (t95_over_seeds; session 51 on).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from diagnostics.statistics import clustered_bootstrap, paired_test  # noqa: E402
+from diagnostics.statistics import clustered_bootstrap, paired_test, summarise  # noqa: E402
 from finetune.table4 import refcoco_metrics, vcr_metrics, vqa_metrics  # noqa: E402
 
 KEEP = ("n", "mean_diff", "ci95", "clusters", "p_bootstrap")
@@ -43,26 +44,30 @@ def metrics_of(task: str, run: Path) -> tuple[dict, dict[str, float]]:
 
 def seed_mean(task: str, runs: Path, images_trained: str, row: str,
               seeds=(0, 1, 2)) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, float]]:
-    """{metric: (per example, sorted by key: its accuracy averaged over the finetuning seeds; its image)}, and each
-    metric's prior or chance (the first seed's run's); a metric some seeds lack is left out."""
+    """{metric: ([seeds, examples] accuracies, examples sorted by key; each example's image)}, and each metric's
+    prior or chance (the first seed's run's); a metric some seeds lack is left out."""
     subset = f"img{images_trained}" if images_trained.isdigit() else images_trained
     found = [metrics_of(task, runs / f"{subset}_s{s}" / row) for s in seeds]
     per = [examples for examples, _ in found]
     out = {}
     for name in [n for n in per[0] if all(n in m for m in per)]:  # VCR: QA->R only where every seed ran qar
         keys = sorted(per[0][name].keys)
-        values = np.mean([[dict(zip(m[name].keys, m[name].values))[k] for k in keys] for m in per], axis=0)
+        values = np.array([[dict(zip(m[name].keys, m[name].values))[k] for k in keys] for m in per])
         image = dict(zip(per[0][name].keys, per[0][name].images))
         out[name] = (values, np.array([image[k] for k in keys]))
     return out, found[0][1]
 
 
 def compare(pairs: dict[str, tuple[np.ndarray, np.ndarray]], images: np.ndarray) -> dict:
-    """{name: b - a paired over examples, bootstrap over images} for each (a, b)."""
+    """{name: b - a} for each ([seeds, examples] a, b): the seed-averaged examples paired, bootstrap over images; and
+    each seed's accuracy difference with a t-interval over the seeds, the one that carries the finetuning seed's
+    variance (a VQA run swings by ~20 points on whether it binds colour; docs/FINETUNE.md, session 51)."""
     out = {}
     for name, (a, b) in pairs.items():
-        t = paired_test(a, b, clusters=images)
-        out[name] = {k: t[k] for k in KEEP}
+        t = paired_test(a.mean(0), b.mean(0), clusters=images)
+        per_seed = b.mean(1) - a.mean(1)
+        out[name] = {**{k: t[k] for k in KEEP}, "per_seed": per_seed.tolist(),
+                     "t95_over_seeds": summarise(per_seed)["ci95"]}
     return out
 
 
@@ -88,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.pool:
             pairs[f"mean of {' and '.join(rows)} minus {args.base}"] = (
                 b, np.mean([v[metric][0] for v in rows.values()], axis=0))
-        own = {r: clustered_bootstrap(v, images) for r, v in [(args.base, b), *((r, v[metric][0])
-                                                                                for r, v in rows.items())]}
+        own = {r: clustered_bootstrap(v.mean(0), images) for r, v in [(args.base, b), *((r, v[metric][0])
+                                                                                          for r, v in rows.items())]}
         report[metric] = {"rows": {r: {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"]} for r, s in own.items()},
                           **compare(pairs, images), "chance_or_prior": chance[metric]}
     # one metric (RefCOCO+, VCR Q->A alone): the report's old shape, the pairs at the top level
