@@ -1,7 +1,27 @@
-"""The grouped bar chart the Table 4 figures share (docs/FINETUNE.md, sessions 49-50): each row's accuracy per panel
-with its 95% interval, and each panel's prior or chance as a dashed line."""
+"""What the Table 4 figures share (docs/FINETUNE.md, sessions 49-51): the grouped bar chart (each row's accuracy per
+panel with its 95% interval, each panel's prior or chance as a dashed line), the reading of a paired.py report into
+its panels, and where a figure is written."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def report_panels(path: Path) -> dict[str, tuple[dict, float]]:
+    """{metric: (its rows, its prior or chance)} from a docs/table4_demo/refcoco_start/paired.py report; a one-metric
+    report (its pairs at the top level) is keyed by the file's stem."""
+    rep = json.loads(path.read_text())
+    rep = {path.stem: rep} if "rows" in rep else rep
+    return {m: (r["rows"], r["chance_or_prior"]) for m, r in rep.items()}
+
+
+def save(fig, folder: Path) -> None:
+    """<folder>/table4.png, the name the docs link."""
+    fig.tight_layout()
+    out = folder / "table4.png"
+    fig.savefig(out, dpi=110)
+    print(out)
 
 
 def bars(ax, panels: dict[str, tuple[dict, float]], rows: dict[str, str], title: str) -> None:

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from docs.table4_demo.bars import bars  # noqa: E402
+from docs.table4_demo.bars import bars, save  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1]
 ROWS = {"none": "no VL pretraining (step 0)", "pretrained_mrcattr_shards": "VL pretrained, draw 0",
@@ -45,10 +45,7 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(11, 4.8))
     bars(ax, panels, ROWS,
          "Table 4 without the region word channel, at each launcher's budget (95% intervals by image)")
-    fig.tight_layout()
-    out = Path(__file__).with_name("table4.png")
-    fig.savefig(out, dpi=110)
-    print(out)
+    save(fig, Path(__file__).resolve().parent)
     return 0
 
 

@@ -7,7 +7,6 @@ prior or chance as the reports carry it (chance_or_prior).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from docs.table4_demo.bars import bars  # noqa: E402
+from docs.table4_demo.bars import bars, report_panels, save  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ABLATION_ROWS = {"none": "no VL pretraining (step 0)", "pretrained_mrcattr_shards": "VL pretrained (draw 0)",
@@ -26,25 +25,15 @@ VCR_ROWS = {"none": "no VL pretraining (step 0)", "pretrained_mrcattr_shards": "
             "pretrained_mrcattr_shards_p1": "VL pretrained, draw 1"}  # those the VCR report has
 
 
-def metrics(name: str) -> dict[str, tuple[dict, float]]:
-    """{metric: (its rows, its prior or chance)}; a one-metric report keeps its pairs at the top level."""
-    rep = json.loads((HERE / name).read_text())
-    rep = {name.split(".")[0]: rep} if "rows" in rep else rep
-    return {m: (r["rows"], r["chance_or_prior"]) for m, r in rep.items()}
-
-
 def main() -> int:
-    vqa, ref, vcr = metrics("vqa_s0.json"), metrics("refcoco_img15.json"), metrics("vcr_e2_s0.json")
+    vqa, ref, vcr = (report_panels(HERE / name) for name in ("vqa_s0.json", "refcoco_img15.json", "vcr_e2_s0.json"))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2.2]})
     bars(left, {"VQA overall\n(seed 0)": vqa["VQA overall"], "VQA other\n(colour, shape; seed 0)":
                 vqa["VQA other (colour, shape)"], "RefCOCO+ gt\n(15 images, 3 seeds)": ref["refcoco_img15"]},
          ABLATION_ROWS, "Pretraining ablations without the channel, at each launcher's budget")
     bars(right, {"Q->A": vcr["VCR Q->A"], "QA->R": vcr["VCR QA->R"], "Q->AR": vcr["VCR Q->AR"]}, VCR_ROWS,
          "VCR, 2 epochs per subtask (the launcher's default), seed 0")
-    fig.tight_layout()
-    out = HERE / "table4.png"
-    fig.savefig(out, dpi=110)
-    print(out)
+    save(fig, HERE)
     return 0
 
 

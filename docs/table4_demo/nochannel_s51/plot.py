@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from docs.table4_demo.bars import bars  # noqa: E402
+from docs.table4_demo.bars import bars, report_panels, save  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent
@@ -41,24 +41,15 @@ def words(category: str) -> tuple[dict, float]:
     return got, chance
 
 
-def finetuned(name: str, metric: str | None = None) -> tuple[dict, float]:
-    rep = json.loads((HERE / name).read_text())
-    rep = rep[metric] if metric else rep
-    return rep["rows"], rep["chance_or_prior"]
-
-
 def main() -> int:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.8), gridspec_kw={"width_ratios": [2, 3]})
     bars(left, {"colour words": words("colour"), "shape words": words("shape")}, ROWS,
          "Pretraining: held-out masked words with the image")
-    bars(right, {"VQA overall\n(3 seeds)": finetuned("vqa.json", "VQA overall"),
-                 "VQA other\n(colour, shape; 3 seeds)": finetuned("vqa.json", "VQA other (colour, shape)"),
-                 "RefCOCO+ gt\n(15 images, 3 seeds)": finetuned("refcoco_img15.json")},
+    vqa, ref = report_panels(HERE / "vqa.json"), report_panels(HERE / "refcoco_img15.json")
+    bars(right, {"VQA overall\n(3 seeds)": vqa["VQA overall"], "VQA other\n(colour, shape; 3 seeds)":
+                 vqa["VQA other (colour, shape)"], "RefCOCO+ gt\n(15 images, 3 seeds)": ref["refcoco_img15"]},
          ROWS, "Finetuned at each launcher's budget")
-    fig.tight_layout()
-    out = HERE / "table4.png"
-    fig.savefig(out, dpi=110)
-    print(out)
+    save(fig, HERE)
     return 0
 
 
