@@ -42,7 +42,7 @@ def metrics_of(task: str, run: Path) -> tuple[dict, dict[str, float]]:
     return vqa_metrics(run) if task == "vqa" else refcoco_metrics(run, "gt")
 
 
-def seed_mean(task: str, runs: Path, images_trained: str, row: str,
+def seed_accuracies(task: str, runs: Path, images_trained: str, row: str,
               seeds=(0, 1, 2)) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, float]]:
     """{metric: ([seeds, examples] accuracies, examples sorted by key; each example's image)}, and each metric's
     prior or chance (the first seed's run's); a metric some seeds lack is left out."""
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", help="default: " + ", ".join(f"{t}: {r}" for t, r in RUNS.items()))
     args = ap.parse_args(argv)
     runs, seeds = Path(args.runs or RUNS[args.task]), [int(s) for s in args.seeds.split(",")]
-    base, chance = seed_mean(args.task, runs, args.images, args.base, seeds)
-    rows = {r: seed_mean(args.task, runs, args.images, r, seeds)[0] for r in args.row}
+    base, chance = seed_accuracies(args.task, runs, args.images, args.base, seeds)
+    rows = {r: seed_accuracies(args.task, runs, args.images, r, seeds)[0] for r in args.row}
     report = {}
     for metric, (b, images) in base.items():
         if any(metric not in v for v in rows.values()):  # e.g. VCR QA->R where a row ran Q->A alone
