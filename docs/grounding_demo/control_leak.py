@@ -26,8 +26,15 @@ now, or the held-out images' average, the paper's); `--dump F` keeps every phras
 Session 22: `all_boxes` (all, and every region's box the held-out regions' average box): the geometry the
 size names and the visual embedding's box term read, ablated too.
 
+Session 53: `--variants mean_names`: an ablated region's class and colour names are the average of the held-out
+regions' names (the detector's mean probabilities), not the names the detector gives the average feature. The
+average region feature is no typical region: the live classifiers name it one colour with p ~0.77, and which colour
+moved from orange to green between two checkpoints 50 steps apart (demo_long on the CPU, steps 1,550 and 1,600),
+so `all` shows every region as, say, a green star. With the names averaged, `all` keeps the names' information out
+without telling the model something false.
+
     python docs/grounding_demo/control_leak.py --model control=runs/demo_long_control/export \\
-        [--model demo_long=runs/demo_long/export] [--variants live] [--conditions none,object,all] \\
+        [--model demo_long=runs/demo_long/export] [--variants live,mean_names] [--conditions none,object,all] \\
         [--silence-below 1e-12] [--dump F] [--out docs/grounding_demo/long_s17/control_leak.md] [ablation_fill=...]
 """
 
@@ -72,6 +79,47 @@ class Frozen(torch.nn.Module):
         return self.classifier(self.feature.to(x.dtype)).expand(*x.shape[:-1], -1)
 
 
+class AverageNames(torch.nn.Module):
+    """A classifier that answers the ablation's fill (rows equal to `feature`) with `log_probs`, the log of the
+    held-out regions' mean probabilities: the softmax the region words take gives those back, so an ablated
+    region's name term is the average of the real regions' terms. Every other row as the live classifier."""
+
+    def __init__(self, classifier: torch.nn.Module, feature: torch.Tensor, log_probs: torch.Tensor):
+        super().__init__()
+        self.classifier, self.feature, self.log_probs = classifier, feature, log_probs
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.classifier.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.classifier(x)
+        fill = (x == self.feature.to(x.dtype)).all(-1, keepdim=True)
+        return torch.where(fill, self.log_probs.to(out.dtype), out)
+
+
+@torch.no_grad()
+def mean_name_log_probs(model, data: PhraseData, device: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The log of the detector's mean class (foreground; background at -1e4) and attribute probabilities over the
+    held-out phrases' real regions, one pass of the CNN. An image serves several phrases: every row counts, so an
+    image weighs as many times as it has phrases (as in the diagnostic's averages)."""
+    vb = model.vl_bert
+    obj, attr = vb.fast_rcnn.object_classifier, vb.fast_rcnn.attribute_classifier
+    sums, regions = [0.0, 0.0], 0
+    for b in data.batches():
+        b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
+        visual = {k: b[k] for k in ("images", "image_sizes", "region_features", "image_hw") if k in b}
+        appearance = vb.region_features(boxes=b["boxes"], box_mask=b["box_mask"], **visual)[0][:, 1:]
+        real = b["box_mask"].unsqueeze(-1).float()
+        if obj is not None:
+            sums[0] = sums[0] + (obj(appearance)[..., 1:].float().softmax(-1) * real).sum((0, 1))
+        if attr is not None:
+            sums[1] = sums[1] + (attr(appearance).float().softmax(-1) * real).sum((0, 1))
+        regions += int(b["box_mask"].sum())
+    cls = None if obj is None else torch.cat([torch.full((1,), -1e4, device=device), (sums[0] / regions).log()])
+    return cls, None if attr is None else (sums[1] / regions).log()
+
+
 def silence_constant_channels(model, below: float) -> dict[str, int]:
     """Standardiser channels whose running variance is below `below` (constant over pretraining: the control's
     grey images give 159 such region channels) output 0, whatever the input. Returns the count per standardiser."""
@@ -93,10 +141,15 @@ def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "
     detector = model.vl_bert.fast_rcnn
     live = (detector.object_classifier, detector.attribute_classifier)
     frozen = tuple(Frozen(c, ablator.region_mean) if c is not None else None for c in live)
+    classifiers = {"live": live, "frozen": frozen}
+    if "mean_names" in variants:
+        classifiers["mean_names"] = tuple(
+            AverageNames(c, ablator.region_mean, lp) if c is not None else None
+            for c, lp in zip(live, mean_name_log_probs(model, data, device)))
     out: dict[str, list] = {}
     for b in tqdm(data.batches(), total=math.ceil(len(data) / data.cfg.batch_size), desc=desc):
         b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
-        for name, (obj, attr) in (("live", live), ("frozen", frozen)):
+        for name, (obj, attr) in classifiers.items():
             if name not in variants:
                 continue
             detector.object_classifier, detector.attribute_classifier = obj, attr
@@ -112,7 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
     p.add_argument("--out", default="docs/grounding_demo/long_s17/control_leak.md")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--variants", default="live,frozen", help="region words: live, frozen or both")
+    p.add_argument("--variants", default="live,frozen", help="region words: live, frozen, mean_names, comma-separated")
     p.add_argument("--conditions", default="none,all",
                    help="visual conditions (none first; each other one is reported minus none), e.g. none,object,all")
     p.add_argument("--silence-below", type=float, metavar="VAR",
