@@ -99,17 +99,16 @@ class AverageNames(torch.nn.Module):
 
 
 @torch.no_grad()
-def mean_name_log_probs(model, data: PhraseData, device: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def mean_name_log_probs(ablator: Ablator, data: PhraseData, device: str
+                        ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The log of the detector's mean class (foreground; background at -1e4) and attribute probabilities over the
     held-out phrases' real regions, one pass of the CNN. An image serves several phrases: every row counts, so an
     image weighs as many times as it has phrases (as in the diagnostic's averages)."""
-    vb = model.vl_bert
-    obj, attr = vb.fast_rcnn.object_classifier, vb.fast_rcnn.attribute_classifier
+    obj, attr = ablator.vb.fast_rcnn.object_classifier, ablator.vb.fast_rcnn.attribute_classifier
     sums, regions = [0.0, 0.0], 0
     for b in data.batches():
         b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
-        visual = {k: b[k] for k in ("images", "image_sizes", "region_features", "image_hw") if k in b}
-        appearance = vb.region_features(boxes=b["boxes"], box_mask=b["box_mask"], **visual)[0][:, 1:]
+        appearance = ablator.visual(b, torch.zeros_like(b["box_mask"]), False)[0][:, 1:]  # nothing ablated
         real = b["box_mask"].unsqueeze(-1).float()
         if obj is not None:
             sums[0] = sums[0] + (obj(appearance)[..., 1:].float().softmax(-1) * real).sum((0, 1))
@@ -145,7 +144,7 @@ def measure(model, data: PhraseData, device: str, desc: str, variants=("live", "
     if "mean_names" in variants:
         classifiers["mean_names"] = tuple(
             AverageNames(c, ablator.region_mean, lp) if c is not None else None
-            for c, lp in zip(live, mean_name_log_probs(model, data, device)))
+            for c, lp in zip(live, mean_name_log_probs(ablator, data, device)))
     out: dict[str, list] = {}
     for b in tqdm(data.batches(), total=math.ceil(len(data) / data.cfg.batch_size), desc=desc):
         b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}

@@ -13,9 +13,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from diagnostics.categories import CATEGORIES  # noqa: E402
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 
-COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
+COLOURS = CATEGORIES["colour"]
 
 
 def cell(values: np.ndarray, clusters: np.ndarray) -> str:
@@ -24,25 +25,27 @@ def cell(values: np.ndarray, clusters: np.ndarray) -> str:
     return f"{s['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
+def splits(path: Path) -> list[np.ndarray]:
+    """Per colour, then for no colour word: which of the dump's phrases name it."""
+    words = [str(w).split() for w in np.load(path)["words"]]
+    named = [np.array([c in w for w in words]) for c in COLOURS]
+    return named + [~np.any(named, axis=0)]
+
+
 def rows(label: str, path: Path) -> list[str]:
-    d = np.load(path)
-    words = [str(w).split() for w in d["words"]]
+    d, masks = np.load(path), splits(path)
     clusters = d["image_id"]
     out = []
     for variant in sorted({k.split("__")[0] for k in d.files if k.endswith("__all")}):
         diff = d[f"{variant}__all"] - d[f"{variant}__none"]
-        splits = [np.array([c in w for w in words]) for c in COLOURS]
-        splits.append(np.array([not any(c in w for c in COLOURS) for w in words]))
-        cells = [cell(diff, clusters)] + [cell(diff[m], clusters[m]) for m in splits]
+        cells = [cell(diff, clusters)] + [cell(diff[m], clusters[m]) for m in masks]
         out.append(f"| {label} | {variant} | " + " | ".join(cells) + " |")
     return out
 
 
 def main() -> None:
     out, specs = Path(sys.argv[1]), [a.split("=", 1) for a in sys.argv[2:]]
-    d0 = np.load(specs[0][1])
-    words = [str(w).split() for w in d0["words"]]
-    counts = [sum(c in w for w in words) for c in COLOURS] + [sum(not any(c in w for c in COLOURS) for w in words)]
+    counts = [int(m.sum()) for m in splits(Path(specs[0][1]))]
     header = ("| model | region words | all phrases | " + " | ".join(f"{c} ({n})" for c, n in zip(
         (*COLOURS, "no colour word"), counts)) + " |")
     lines = ["### V4L all - none (bits) by the colour word the phrase names, 95% interval by image", "", header,

@@ -43,7 +43,7 @@ def metrics_of(task: str, run: Path) -> tuple[dict, dict[str, float]]:
 
 
 def seed_accuracies(task: str, runs: Path, images_trained: str, row: str,
-              seeds=(0, 1, 2)) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, float]]:
+                    seeds=(0, 1, 2)) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, float]]:
     """{metric: ([seeds, examples] accuracies, examples sorted by key; each example's image)}, and each metric's
     prior or chance (the first seed's run's); a metric some seeds lack is left out."""
     subset = f"img{images_trained}" if images_trained.isdigit() else images_trained
