@@ -28,10 +28,18 @@ MRC-KL against the detector's class distribution of the target, and cross-entrop
 label (the phrase's last word naming a detector class, as the paper's LabelMatch subset). An example
 with no region over its gold box is skipped and counted, never scored.
 
+Against a reader without the image (`--reference NAME`: the matched control, or the text-only BERT), V4L's
+all - none splits, phrase by phrase, into what the image tells the model (`information`: the reference's bits
+minus the model's `none`) and what it overpays on the ablated input (`overpayment`: its `all` minus the
+reference's bits). The average region the `all` condition gives is an input no training step shows, so
+all - none can exceed what the image is worth (docs/ABLATION.md, session 53); the information term never reads
+that input. It takes the reference to read text as well as the model would without the image, as a matched
+control (same seed, schedule, batches and steps) is built to.
+
 Outputs under --out: results.json (per model: mean, 95% interval, n per condition; paired t-tests
-between conditions; skip counts), results.md, figure2.png (bits per condition, one line per model) and
-threshold_sweep.png (Object ablation's MLM bits against tau). `PeriodicDiagnostic` runs the same
-measurement inside pretraining (`engine.eval_every`), to TensorBoard.
+between conditions; the split against the reference; skip counts), results.md, figure2.png (bits per
+condition, one line per model) and threshold_sweep.png (Object ablation's MLM bits against tau).
+`PeriodicDiagnostic` runs the same measurement inside pretraining (`engine.eval_every`), to TensorBoard.
 """
 
 from __future__ import annotations
@@ -79,6 +87,23 @@ def model_report(values: dict[str, np.ndarray], data: PhraseData) -> dict:
             "left_out_phrases": dict(data.left_out), "no_gold_label": int(data.no_gold_label)}
 
 
+def reference_bits(values: dict[str, np.ndarray]) -> np.ndarray:
+    """A reference reader's bits per phrase: its `none` when it has an image input (a control's is grey or
+    unrelated to its captions), else its text-only reading."""
+    return values["v4l/none"] if "v4l/none" in values else values["v4l/text_only"]
+
+
+def against_reference(values: dict[str, np.ndarray], reference: np.ndarray, clusters: np.ndarray, *,
+                      resamples: int = 2000, seed: int = 0) -> dict:
+    """V4L all - none = information + overpayment, per phrase against a reader without the image (`reference`,
+    aligned with `values`): information = reference - none, overpayment = all - reference, each paired by
+    phrase with its interval from the bootstrap clustered by image."""
+    boot = {"clusters": clusters, "resamples": resamples, "seed": seed}
+    return {"reference_none": summarise(reference, **boot),
+            "information": paired_test(values["v4l/none"], reference, **boot),
+            "overpayment": paired_test(reference, values["v4l/all"], **boot)}
+
+
 _NAMES = {"v4l": "Vision-for-language: MLM bits (phrase)", "l4v_kl": "Language-for-vision: MRC-KL bits",
           "l4v_xe": "Language-for-vision: MRC cross-entropy bits (gold label)"}
 
@@ -109,6 +134,20 @@ def markdown(report: dict) -> str:
             lines.append(f"| {name} | {t['metric']} | {t['a']} | {t['b']} | {fmt(t['mean_diff'], '.4f')} | "
                          + (f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-") + f" | {fmt(t.get('p_bootstrap'), '.2g')} | "
                          f"{fmt(t['t'], '.2f')} | {fmt(t['p'], '.2g')} | {t['n']} |")
+    split = {name: r["against_reference"] for name, r in report["models"].items() if "against_reference" in r}
+    if split:
+        lines += ["", f"## Vision-for-language against a reader without the image ({report['reference']})", "",
+                  "all - none = information (the reference's bits - none: what the image tells the model) + "
+                  "overpayment (all - the reference's bits: what the ablated input costs beyond losing the image); "
+                  "bits per phrase word-piece, paired by phrase, 95% interval by image", "",
+                  "| model | reference's bits | information | overpayment | n |", "|---|---|---|---|---|"]
+        for name, r in split.items():
+            def diff(t):
+                ci = t.get("ci95")
+                return "-" if t["mean_diff"] is None else f"{t['mean_diff']:+.3f}" + (
+                    f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+            lines.append(f"| {name} | {format_interval(r['reference_none'])} | {diff(r['information'])} | "
+                         f"{diff(r['overpayment'])} | {r['information']['n']} |")
     lines += ["", "## Skipped and left out", ""]
     for name, r in report["models"].items():
         lines.append(f"- {name}: {r['examples']} examples; skipped {r['skipped'] or 'none'}; phrases left out "
@@ -145,9 +184,9 @@ def feature_extractor(model: VLBertForPretraining, device="cpu"):
 
 
 def ablate(model: VLBertForPretraining, tokenizer, cfg: DiagnosticConfig, device, *, with_image: bool = True,
-           desc: str = "ablation") -> tuple[dict[str, np.ndarray], dict]:
-    """One model through the diagnostic: its per-example values and its report entry (`model_report`, with the
-    average its ablated elements took when it has an image)."""
+           desc: str = "ablation") -> tuple[dict[str, np.ndarray], dict, PhraseData]:
+    """One model through the diagnostic: its per-example values, its report entry (`model_report`, with the
+    average its ablated elements took when it has an image) and the phrases they are aligned with."""
     data = PhraseData(cfg, tokenizer, model.cfg.fast_rcnn.num_classes if with_image else None,
                       feature_extractor(model, device))
     ablator = Ablator(model, device, cfg.ablation_fill)
@@ -156,7 +195,7 @@ def ablate(model: VLBertForPretraining, tokenizer, cfg: DiagnosticConfig, device
     entry = model_report(values, data)
     if with_image:
         entry["ablation_fill"] = ablator.fill
-    return values, entry
+    return values, entry, data
 
 
 def v4l_line(entry: dict) -> str:
@@ -183,12 +222,21 @@ def main(argv: list[str] | None = None) -> int:
                      overrides_example="max_examples=500")
     p.add_argument("--text-baseline", metavar="DIR",
                    help="a text-only HF BERT directory with its MLM head (BertForMaskedLM / BertForPreTraining)")
+    p.add_argument("--reference", metavar="NAME",
+                   help="a reader without the image (a --model NAME such as the matched control, or 'text-only "
+                        "BERT'): every other model's all - none is split against it into information + overpayment")
     args = p.parse_args(argv)
     models = model_specs(p, args.model)
     if not args.model and not args.text_baseline:
         p.error("give at least one --model NAME=DIR or --text-baseline")
+    names = [name for name, _ in models] + (["text-only BERT"] if args.text_baseline else [])
+    if args.reference is not None and args.reference not in names:
+        p.error(f"--reference {args.reference!r} is none of the models: {', '.join(names)}")
     cfg, out = command_config(p, DiagnosticConfig, args)
     report: dict = {"config": cfg.__dict__, "models": {}}
+    if args.reference is not None:
+        report["reference"] = args.reference
+    per_model: dict[str, tuple[dict, list, np.ndarray]] = {}
     runs = []
     for name, path in models:
         runs.append((name, lambda path=path: (load_pretrained(path), path), True))
@@ -197,8 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, load, with_image in runs:
         model, tokenizer_dir = load()
         model = model.to(args.device).eval()
-        values, entry = ablate(model, load_tokenizer(str(tokenizer_dir)), cfg, args.device, with_image=with_image,
-                               desc=name)
+        values, entry, data = ablate(model, load_tokenizer(str(tokenizer_dir)), cfg, args.device,
+                                     with_image=with_image, desc=name)
+        per_model[name] = (values, [(it.image_id, tuple(it.ids.tolist()), tuple(it.phrase.tolist()))
+                                    for it in data.items], np.array([it.image_id for it in data.items]))
         np.savez_compressed(out / f"per_example_{''.join(c if c.isalnum() else '_' for c in name)}.npz", **values)
         report["models"][name] = entry
         if with_image and entry["ablation_fill"] != cfg.ablation_fill:
@@ -208,6 +258,19 @@ def main(argv: list[str] | None = None) -> int:
         if "l4v_kl" in report["models"][name]:
             print(f"{name}: language-for-vision MRC-KL bits " + ", ".join(
                 f"{c} {format_interval(s)}" for c, s in report["models"][name]["l4v_kl"].items()), flush=True)
+    if args.reference is not None:
+        ref_values, ref_phrases, _ = per_model[args.reference]
+        for name, (values, phrases, clusters) in per_model.items():
+            if name == args.reference or "v4l/all" not in values:
+                continue
+            if phrases != ref_phrases:
+                raise ValueError(f"--reference {args.reference!r} and {name!r} read different phrases (another "
+                                 "tokenizer or detector classes): bits per word-piece do not compare")
+            report["models"][name]["against_reference"] = against_reference(
+                values, reference_bits(ref_values), clusters, resamples=cfg.bootstrap, seed=cfg.seed)
+            split = report["models"][name]["against_reference"]
+            print(f"{name}: against {args.reference}: information {split['information']['mean_diff']:+.3f}, "
+                  f"overpayment {split['overpayment']['mean_diff']:+.3f} bits", flush=True)
     written = write_report(out, "results", report, markdown(report), lambda: ablation_figures(report, out))
     print("written: " + ", ".join(map(str, written)))
     return 0

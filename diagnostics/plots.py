@@ -65,7 +65,41 @@ def ablation_figures(report: dict, out: Path) -> list[Path]:
         paths.append(out / "threshold_sweep.png")
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
+    split = {name: r["against_reference"] for name, r in models.items() if "against_reference" in r}
+    if split:
+        paths.append(information_figure(split, report["reference"], out / "information.png"))
     return paths
+
+
+def information_figure(split: dict[str, dict], reference: str, path: Path) -> Path:
+    """information.png: each model's V4L all - none as two stacked bars, what the image tells it (information) and
+    what it overpays on the ablated input, each with its 95% interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.6 * len(split)))
+    for row, r in enumerate(split.values()):
+        left = 0.0
+        for part, colour in (("information", "tab:green"), ("overpayment", "tab:grey")):
+            t = r[part]
+            if t["mean_diff"] is None:
+                continue
+            ci = t.get("ci95")
+            err = None if ci is None else [[t["mean_diff"] - ci[0]], [ci[1] - t["mean_diff"]]]
+            ax.barh(row, t["mean_diff"], left=left, color=colour, label=part if row == 0 else None)
+            ax.errorbar(left + t["mean_diff"], row, xerr=err, color="black", capsize=3)
+            left += t["mean_diff"]
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(split)), list(split))
+    ax.invert_yaxis()
+    ax.set_xlabel(f"V4L all - none, bits per word-piece (split against {reference})")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def grounding_figure(summaries: dict[str, dict], path: Path) -> Path:

@@ -251,7 +251,7 @@ def final_ablation(engine, cfg: DiagnosticConfig, run_dir: Path, tokenizer) -> N
         start = time.perf_counter()
         with every_core():
             model = load_pretrained(run_dir / "export").to(engine.device).eval()
-            values, r = ablate(model, tokenizer, cfg, engine.device, desc="cross-modal ablation (export)")
+            values, r, _ = ablate(model, tokenizer, cfg, engine.device, desc="cross-modal ablation (export)")
         report = {"config": cfg.__dict__, "step": engine.step, "models": {run_dir.name: r}}
         out = run_dir / "ablation"
         out.mkdir(exist_ok=True)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from diagnostics.ablation import model_report
+from diagnostics.ablation import against_reference, model_report, reference_bits
 from diagnostics.conditions import Ablator, evaluate
 from diagnostics.config import DiagnosticConfig
 from diagnostics.data import PhraseData, choose_targets, gold_label, regions_over
@@ -232,6 +232,30 @@ def test_examples_without_an_overlapping_region_are_skipped_and_counted(demo_cor
     assert report["v4l"]["none"]["n"] == len(data) == 12
 
 
+def test_split_against_a_reader_without_the_image_by_hand():
+    """information = reference - none and overpayment = all - reference, per phrase: they add up to all - none,
+    and the bootstrap resamples images (the two phrases of image a move together)."""
+    values = {"v4l/none": np.array([1.0, 2.0, 0.5, 1.5]), "v4l/all": np.array([3.0, 5.0, 1.0, np.nan])}
+    reference = np.array([2.0, 2.0, 1.5, 2.5])
+    clusters = np.array(["a", "a", "b", "c"])
+    split = against_reference(values, reference, clusters, resamples=500)
+    assert split["reference_none"]["mean"] == pytest.approx(2.0)
+    assert split["information"]["mean_diff"] == pytest.approx((1 + 0 + 1 + 1) / 4)
+    assert split["information"]["n"] == 4 and split["information"]["clusters"] == 3
+    # the phrase without an `all` value is left out of the overpayment, never scored as 0
+    assert split["overpayment"]["mean_diff"] == pytest.approx((1 + 3 - 0.5) / 3) and split["overpayment"]["n"] == 3
+    scored = np.isfinite(values["v4l/all"])
+    assert (np.mean((reference - values["v4l/none"])[scored]) + split["overpayment"]["mean_diff"]
+            == pytest.approx(np.mean((values["v4l/all"] - values["v4l/none"])[scored])))
+    # images are resampled whole: image a's two phrases give 1 bit over 2 phrases, b and c 1 over 1, so a resampled
+    # mean lies in [0.5 (a, a, a), 1.0]; resampling phrases would reach 0 (its phrase with 0 drawn thrice)
+    lo, hi = split["information"]["ci95"]
+    assert 0.5 - 1e-9 <= lo < hi <= 1 + 1e-9
+    # a reader with no image input reads its text-only bits; a control reads its own (grey or unrelated) image
+    assert reference_bits({"v4l/text_only": reference}) is reference
+    assert reference_bits({"v4l/none": reference, "v4l/text_only": values["v4l/none"]}) is reference
+
+
 def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path, capsys):
     from diagnostics.ablation import main
     from model.export import save_pretrained
@@ -256,11 +280,33 @@ def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path, capsys):
     assert "flickr_root, images, boxes not set" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no MLM head"):  # all-MiniLM-L6-v2 ships without one
         main(["--text-baseline", "packaged", "--out", str(tmp_path / "x"), *data])
+    with pytest.raises(SystemExit):  # a reference the command does not evaluate is named before any work
+        main(["--model", f"tiny={tmp_path / 'm'}", "--reference", "control", "--out", str(tmp_path / "x"), *data])
+    assert "--reference 'control' is none of the models: tiny" in capsys.readouterr().err
     out = tmp_path / "out"
-    main(["--model", f"tiny={tmp_path / 'm'}", "--text-baseline", str(tmp_path / "bert"), "--out", str(out),
-          *data, "short_side=64", "long_side=96", "max_examples=10", "batch_size=5"])
+    main(["--model", f"tiny={tmp_path / 'm'}", "--model", f"tiny2={tmp_path / 'm'}", "--reference", "tiny2",
+          "--out", str(out), *data, "short_side=64", "long_side=96", "max_examples=10", "batch_size=5"])
+    report = json.loads((out / "results.json").read_text())
+    # the same weights as reference: nothing of the image is information, and the overpayment is all - none
+    split = report["models"]["tiny"]["against_reference"]
+    gap = next(t["mean_diff"] for t in report["models"]["tiny"]["paired_tests"]
+               if (t["metric"], t["a"], t["b"]) == ("v4l", "none", "all"))
+    assert split["information"]["mean_diff"] == 0.0 and split["overpayment"]["mean_diff"] == pytest.approx(gap)
+    assert "against_reference" not in report["models"]["tiny2"] and report["reference"] == "tiny2"
+    assert "| tiny | " in (out / "results.md").read_text().split("against a reader without the image (tiny2)")[1]
+    assert (out / "information.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    main(["--model", f"tiny={tmp_path / 'm'}", "--text-baseline", str(tmp_path / "bert"), "--reference",
+          "text-only BERT", "--out", str(out), *data, "short_side=64", "long_side=96", "max_examples=10",
+          "batch_size=5"])
     report = json.loads((out / "results.json").read_text())
     assert set(report["models"]) == {"tiny", "text-only BERT"}
+    # against the text-only BERT: its text-only bits, phrase by phrase, from the per-example files
+    tiny_values, bert_values = np.load(out / "per_example_tiny.npz"), np.load(out / "per_example_text_only_BERT.npz")
+    split = report["models"]["tiny"]["against_reference"]
+    assert split["information"]["mean_diff"] == pytest.approx(
+        float(np.mean(bert_values["v4l/text_only"] - tiny_values["v4l/none"])), rel=1e-5)
+    assert split["overpayment"]["mean_diff"] == pytest.approx(
+        float(np.mean(tiny_values["v4l/all"] - bert_values["v4l/text_only"])), rel=1e-5)
     tiny = report["models"]["tiny"]
     assert set(tiny["v4l"]) == {"none", "object", "object_masked", "all", "text_only"}
     assert all("ci95" in t and "p_bootstrap" in t for t in tiny["paired_tests"] if t["mean_diff"] is not None)
