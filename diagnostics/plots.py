@@ -74,6 +74,7 @@ def ablation_figures(report: dict, out: Path) -> list[Path]:
 def information_figure(split: dict[str, dict], reference: str, path: Path) -> Path:
     """information.png: each model's V4L all - none as two stacked bars, what the image tells it (information) and
     what it overpays on the ablated input, each with its 95% interval."""
+    # lazy: matplotlib (~0.5 s to import) only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")
