@@ -96,7 +96,7 @@ def information_figure(split: dict[str, dict], reference: str, path: Path) -> Pa
     ax.set_yticks(range(len(split)), list(split))
     ax.invert_yaxis()
     ax.set_xlabel(f"V4L all - none, bits per word-piece (split against {reference})")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

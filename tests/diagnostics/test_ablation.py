@@ -3,6 +3,7 @@ metrics against transformers' BERT and hand-computed statistics, skip accounting
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -307,6 +308,17 @@ def test_command_line_writes_tables_and_figures(demo_corpus, tmp_path, capsys):
         float(np.mean(bert_values["v4l/text_only"] - tiny_values["v4l/none"])), rel=1e-5)
     assert split["overpayment"]["mean_diff"] == pytest.approx(
         float(np.mean(tiny_values["v4l/all"] - bert_values["v4l/text_only"])), rel=1e-5)
+    # a reference on another vocabulary reads other word-pieces: no split, said, and the rest of the report written
+    shutil.copytree(tmp_path / "bert", tmp_path / "bert_other")
+    lines = (packaged_bert_dir() / "vocab.txt").read_text().splitlines()
+    (tmp_path / "bert_other" / "vocab.txt").write_text("\n".join(lines[:999] + lines[999:][::-1]) + "\n")
+    other = tmp_path / "other"
+    main(["--model", f"tiny={tmp_path / 'm'}", "--text-baseline", str(tmp_path / "bert_other"), "--reference",
+          "text-only BERT", "--out", str(other), *data, "short_side=64", "long_side=96", "max_examples=10",
+          "batch_size=5"])
+    report_other = json.loads((other / "results.json").read_text())
+    assert report_other["not_split"] == ["tiny"] and "against_reference" not in report_other["models"]["tiny"]
+    assert "tiny: not split against text-only BERT" in capsys.readouterr().err
     tiny = report["models"]["tiny"]
     assert set(tiny["v4l"]) == {"none", "object", "object_masked", "all", "text_only"}
     assert all("ci95" in t and "p_bootstrap" in t for t in tiny["paired_tests"] if t["mean_diff"] is not None)
