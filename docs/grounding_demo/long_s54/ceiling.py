@@ -32,6 +32,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import shards.shapes_world as sw  # noqa: E402
+from diagnostics.ablation import reference_bits  # noqa: E402
 from diagnostics.config import DiagnosticConfig  # noqa: E402
 from diagnostics.data import PhraseData  # noqa: E402
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
@@ -114,11 +115,11 @@ def oracle_bits(items, scenes: dict[str, sw.Scene], pieces: Pieces) -> np.ndarra
                 probs, seqs = by_length.setdefault(len(ids), ([], []))
                 probs.append(q)
                 seqs.append(ids)
+        stacked = {length: (np.array(probs), np.array(seqs)) for length, (probs, seqs) in by_length.items()}
         for n in rows:
             it = items[n]
             ids, masked = it.ids.numpy(), it.phrase.numpy()
-            probs, seqs = by_length[len(ids)]
-            seqs, probs = np.array(seqs), np.array(probs)
+            probs, seqs = stacked[len(ids)]
             fit = (seqs[:, ~masked] == ids[~masked]).all(1)
             if not fit.any():
                 raise ValueError(f"{image_id}: no caption the generator can write fits {it.ids.tolist()}")
@@ -188,7 +189,7 @@ def main() -> None:
     if args.dump:
         np.savez_compressed(args.dump, oracle=oracle, image_id=clusters)
     reference = np.load(args.reference)
-    ref = reference["v4l/none"] if "v4l/none" in reference else reference["v4l/text_only"]
+    ref = reference_bits(reference)
     models = []
     for spec in args.models:
         label, path = spec.split("=", 1)
