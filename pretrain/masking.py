@@ -35,6 +35,12 @@ class MaskingConfig:
     # probability instead: the words the image decides get more of the masking, as ERNIE-ViL masks a caption's
     # scene-graph object and attribute words (Yu et al. 2021). None = every word alike (BERT, VL-BERT).
     region_word_probability: float | None = None
+    # In captions, these words (e.g. spatial relations: "left", "above") are chosen with relation_word_probability
+    # instead, as ERNIE-ViL masks a caption's scene-graph relationship words. A relation between two objects is
+    # read off two regions' positions at once; at mlm_probability the demo's captions give it a third of the
+    # colour words' targets and the grounded recipe reads it at the text-only level (docs/ABLATION.md, session 54)
+    relation_words: list[str] | None = None
+    relation_word_probability: float | None = None
     mask_fraction: float = 0.8  # of chosen word-pieces: replaced by [MASK] ...
     random_fraction: float = 0.1  # ... by a random word (the rest stay unchanged)
     mrc_probability: float = 0.15  # fraction of regions chosen for masked RoI classification
@@ -113,6 +119,15 @@ class PretrainMasker:
                                  "(the detector's class/attribute vocabulary)")
             self.region_word = torch.zeros(self.vocab_size, dtype=torch.bool)
             self.region_word[torch.tensor(sorted(set(region_word_ids)))] = True
+        self.relation_word = None
+        if (cfg.relation_word_probability is None) != (not cfg.relation_words):
+            raise ValueError("masking.relation_words and masking.relation_word_probability: set both or neither")
+        if cfg.relation_words:
+            first_pieces = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in cfg.relation_words]
+            if empty := [w for w, p in zip(cfg.relation_words, first_pieces) if not p]:
+                raise ValueError(f"masking.relation_words: {empty} make no word-piece")
+            self.relation_word = torch.zeros(self.vocab_size, dtype=torch.bool)
+            self.relation_word[torch.tensor(sorted({p[0] for p in first_pieces}))] = True
 
     def generator(self, index: int) -> torch.Generator:
         return torch_generator(self.seed, "masking", self.rank, index)
@@ -122,16 +137,20 @@ class PretrainMasker:
     def mask_words(self, ids: torch.Tensor, valid: torch.Tensor, g: torch.Generator, caption: bool = False):
         """Whole-word masking of [B, T] word ids -> (input ids, labels with IGNORE where not chosen). In a
         caption, words whose first piece names a region class or attribute are chosen with
-        masking.region_word_probability."""
+        masking.region_word_probability, and words whose first piece is a relation word's with
+        masking.relation_word_probability."""
         c = self.cfg
         b, t = ids.shape
         starts = valid & ~self.continuation[ids]
         word_of_token = (starts.cumsum(1) - 1).clamp(min=0)  # [B, T]
         probability = torch.full((b, t), c.mlm_probability)  # per word (column k: the row's k-th word)
-        if caption and self.region_word is not None:
+        if caption and (self.region_word is not None or self.relation_word is not None):
             first_piece = torch.zeros(b, t + 1, dtype=ids.dtype).scatter_(
                 1, torch.where(starts, word_of_token, t), ids)[:, :t]  # [B, T]: word k's first piece
-            probability = torch.where(self.region_word[first_piece], c.region_word_probability, probability)
+            if self.region_word is not None:
+                probability = torch.where(self.region_word[first_piece], c.region_word_probability, probability)
+            if self.relation_word is not None:
+                probability = torch.where(self.relation_word[first_piece], c.relation_word_probability, probability)
         chosen_words = torch.rand(b, t, generator=g) < probability
         chosen = chosen_words.gather(1, word_of_token) & valid
         if not chosen.any() and valid.any():  # at least one target per batch keeps the loss defined

@@ -272,6 +272,31 @@ def test_region_words_are_masked_more_in_captions_only():
         PretrainMasker(cfg, tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
 
 
+def test_relation_words_are_masked_more_in_captions_only():
+    """masking.relation_words: in captions, a word whose first piece is a listed word's ("left", "above") is chosen
+    at relation_word_probability, beside region words at theirs; other words and text-corpus samples keep
+    mlm_probability; one of the pair without the other is an error naming both."""
+    tok = load_tokenizer(None)
+    sentence = "a red hexagon is left of the blue circle above a small square"
+    row = tok(sentence, add_special_tokens=False)["input_ids"]
+    red = tok("red", add_special_tokens=False)["input_ids"][0]
+    relation = [tok(w, add_special_tokens=False)["input_ids"][0] for w in ("left", "above")]
+    cfg = MaskingConfig(mlm_probability=0.1, region_word_probability=0.5, relation_words=["left", "right", "above"],
+                        relation_word_probability=0.9, mask_fraction=1.0, random_fraction=0.0)
+    m = PretrainMasker(cfg, tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9, region_word_ids=[red])
+    ids = torch.tensor([row] * 4000)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    _, labels = m.mask_words(ids, valid, torch.Generator().manual_seed(0), caption=True)
+    chosen = (labels != IGNORE).float().mean(0)
+    expected = torch.tensor([0.9 if i in relation else 0.5 if i == red else 0.1 for i in row])
+    assert (chosen - expected).abs().max() < 0.04 and (expected == 0.9).sum() == 2
+    _, text = m.mask_words(ids, valid, torch.Generator().manual_seed(0))  # a text-corpus sample
+    assert ((text != IGNORE).float().mean(0) - 0.1).abs().max() < 0.04
+    for half in ({"relation_words": ["left"]}, {"relation_word_probability": 0.9}):
+        with pytest.raises(ValueError, match="relation_words and masking.relation_word_probability"):
+            PretrainMasker(MaskingConfig(**half), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+
+
 def test_alignment_drop_draws_a_row_flag_after_every_default_draw(masker):
     """masking.alignment_drop: each caption row (every word view) is left without aligned region words with that
     probability, drawn after everything else, so the rest of the batch is the default run's exactly; off by default
