@@ -294,6 +294,12 @@ class VLBertConfig:
     # no LayerNorm (the official MVRC head: dense + activation).
     visual_tokens: str = "vocab"
     geometry_boxes: str = "corners"
+    # Each region's geometry embedding, through a Linear of its own (zero at the start: a loaded BERT stays exact),
+    # is added to the region's hidden state before every layer after the first, as DETR adds its spatial encodings
+    # at every layer. The official VL-BERT gives it once, in the visual feature embedding; on the demo a linear
+    # probe reads a region's centre there (R^2 0.90) and not after the first layer (docs/ABLATION.md, session 54),
+    # while a relation word needs two regions' positions where its words have been bound to them. False = official.
+    geometry_layers: bool = False
     mrc_head_norm: bool = True
     # The masked RoI head also predicts each region's attributes (the Fast R-CNN's attribute distribution, e.g.
     # colour), as `MaskedRoIClassificationHead.attributes`: pretraining's `losses.mrc_attribute_weight` gives the

@@ -230,8 +230,12 @@ class BertEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, past: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False,
-                output_attentions: bool = False, real_positions: int | None = None) -> EncoderOutput:
+                output_attentions: bool = False, real_positions: int | None = None,
+                layer_input: torch.Tensor | None = None) -> EncoderOutput:
         """x [B, L, hidden]; mask [B, L_total] or [B, L, L_total] with L_total = L_past + L.
+
+        layer_input [B, L, hidden]: added to the input of every layer after the first (the model's
+        `geometry_layers`: the regions' positions; zero elsewhere).
 
         real_positions: the number of True elements of a [B, L] padding mask, counted on the host. With
         it, the layers run on the real positions only (`Packing`); the output is zero at padded ones.
@@ -239,12 +243,14 @@ class BertEncoder(nn.Module):
         bias = attention_bias(mask, x.shape[1])
         if real_positions is not None and mask is not None and mask.dim() == 2 and past is None \
                 and not (use_cache or output_hidden_states or output_attentions):
-            return EncoderOutput(self._packed(x, bias, Packing.of(mask, real_positions)))
+            return EncoderOutput(self._packed(x, bias, Packing.of(mask, real_positions), layer_input))
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         cache = [] if use_cache else None
         for i, layer in enumerate(self.layer):
             layer_past = past[i] if past is not None else None
+            if layer_input is not None and i > 0:
+                x = x + layer_input
             if self.gradient_checkpointing and self.training and not use_cache and not output_attentions:
                 x, kv, probs = checkpoint(layer, x, bias, layer_past, False, use_reentrant=False)
             else:
@@ -257,9 +263,13 @@ class BertEncoder(nn.Module):
                 cache.append(kv)
         return EncoderOutput(x, hidden, attentions, cache)
 
-    def _packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing) -> torch.Tensor:
+    def _packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing,
+                layer_input: torch.Tensor | None = None) -> torch.Tensor:
         h = rows.pack(x)
-        for layer in self.layer:
+        added = rows.pack(layer_input) if layer_input is not None else None
+        for i, layer in enumerate(self.layer):
+            if added is not None and i > 0:
+                h = h + added
             if self.gradient_checkpointing and self.training:
                 h = checkpoint(layer.packed, h, bias, rows, use_reentrant=False)
             else:

@@ -165,6 +165,8 @@ class VLBertEmbeddings(nn.Module):
             self.visual_projection_object = nn.Linear(cfg.visual_size, h)
             self.visual_ln_text = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
             self.visual_ln_object = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+            if cfg.geometry_layers:
+                self.geometry_layer_projection = nn.Linear(cfg.geometry_size, h)
             for name, value in self.config_buffers().items():
                 self.register_buffer(name, value, persistent=False)
         elif cfg.visual_embedding == "linear":
@@ -211,11 +213,15 @@ class VLBertEmbeddings(nn.Module):
                 valid = torch.ones(appearance.shape[:2], dtype=torch.bool, device=appearance.device)
             appearance = torch.cat([self.whole_image_standardiser(appearance[:, :1], valid[:, :1]),
                                     self.appearance_standardiser(appearance[:, 1:], valid[:, 1:])], 1)
+        geometry = self.geometry(boxes_normalised).to(appearance.dtype)
+        return self.visual_feature_embedding(torch.cat([appearance, geometry], -1))
+
+    def geometry(self, boxes_normalised: torch.Tensor) -> torch.Tensor:
+        """The sine/cosine geometry embedding of [B, R, 4] normalised corners, in the config's box encoding."""
         if self.cfg.geometry_boxes == "center_size":
             corner1, corner2 = boxes_normalised[..., :2], boxes_normalised[..., 2:]
             boxes_normalised = torch.cat([(corner1 + corner2) / 2, corner2 - corner1], -1)
-        geometry = geometry_embedding(boxes_normalised, self.cfg.geometry_size).to(appearance.dtype)
-        return self.visual_feature_embedding(torch.cat([appearance, geometry], -1))
+        return geometry_embedding(boxes_normalised, self.cfg.geometry_size)
 
     def name_embeddings(self, kind: str) -> torch.Tensor:
         """[K, hidden]: each class (or attribute) name's word embedding, the mean of its pieces', read from the
@@ -281,6 +287,7 @@ class VLBertEmbedded:
     region_terms: list[torch.Tensor] | None  # region word terms [B, 1+N, hidden] when words align to them
     candidates: torch.Tensor | None  # [B, 1+N] the regions a word may align to
     region_attribute_logits: torch.Tensor | None = None  # the Fast R-CNN's attribute logits, detached, if asked
+    layer_input: torch.Tensor | None = None  # [B, L, hidden] added before every layer after the first (geometry_layers)
 
 
 @dataclass
@@ -320,6 +327,8 @@ class VLBert(nn.Module):
             raise ValueError(f"region_input: '{cfg.region_input}' is not 'pixels' or 'features'")
         if cfg.region_geometry not in ("boxes", "whole_image"):
             raise ValueError(f"region_geometry: '{cfg.region_geometry}' is not 'boxes' or 'whole_image'")
+        if cfg.geometry_layers and cfg.visual_embedding != "vlbert":
+            raise ValueError("geometry_layers carries VL-BERT's geometry embedding: visual_embedding must be 'vlbert'")
         end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
         self.region_words = cfg.visual_embedding == "vlbert" and any(
@@ -359,6 +368,9 @@ class VLBert(nn.Module):
             nn.init.constant_(self.embeddings.visual_ln_text.weight, cfg.visual_ln_init)
             nn.init.constant_(self.embeddings.visual_ln_object.weight, cfg.visual_ln_init if cfg.visual_ln_init_object
                               is None else cfg.visual_ln_init_object)
+            if cfg.geometry_layers:  # zero: the layers start as the loaded BERT's
+                nn.init.zeros_(self.embeddings.geometry_layer_projection.weight)
+                nn.init.zeros_(self.embeddings.geometry_layer_projection.bias)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.cfg.initializer_range
@@ -469,7 +481,8 @@ class VLBert(nn.Module):
                        output_class_logits=output_class_logits, aligned_words=aligned_words,
                        output_attribute_logits=output_attribute_logits)
         encoded = self.encoder(self.embeddings.finish(e.x), e.mask, output_hidden_states=output_hidden_states,
-                               output_attentions=output_attentions, real_positions=real_positions)
+                               output_attentions=output_attentions, real_positions=real_positions,
+                               layer_input=e.layer_input)
         return VLBertOutput(encoded.last_hidden_state, e.mask, input_ids.shape[1], e.n_regions, self.pooler,
                             e.region_logits, encoded.hidden_states, encoded.attentions,
                             region_attribute_logits=e.region_attribute_logits)
@@ -498,7 +511,7 @@ class VLBert(nn.Module):
         words = emb.word_embeddings(ids)
         text = words[:, :t] + emb.position_embeddings(positions) + \
             emb.token_type_embeddings(token_type_ids)  # [B, T, hidden]
-        region_logits = attribute_logits = None
+        region_logits = attribute_logits = layer_input = None
         if cfg.visual_embedding == "linear":
             raise ValueError("visual_embedding='linear' (BERT-gen) builds its own sequence: use embed_regions_linear")
         learned = cfg.visual_tokens == "learned"
@@ -582,8 +595,11 @@ class VLBert(nn.Module):
             x = torch.cat([text, regions, end], 1)
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
+            if cfg.geometry_layers:
+                where = emb.geometry_layer_projection(emb.geometry(boxes_norm).to(regions.dtype))  # [B, 1+N, hidden]
+                layer_input = torch.cat([torch.zeros_like(text), where, torch.zeros_like(end)], 1)
         return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates,
-                              attribute_logits)
+                              attribute_logits, layer_input)
 
     def encode(self, embeddings: torch.Tensor, mask: torch.Tensor, *, past: KVCache | None = None,
                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False):

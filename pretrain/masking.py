@@ -37,8 +37,9 @@ class MaskingConfig:
     region_word_probability: float | None = None
     # In captions, these words (e.g. spatial relations: "left", "above") are chosen with relation_word_probability
     # instead, as ERNIE-ViL masks a caption's scene-graph relationship words. A relation between two objects is
-    # read off two regions' positions at once; at mlm_probability the demo's captions give it a third of the
-    # colour words' targets and the grounded recipe reads it at the text-only level (docs/ABLATION.md, session 54)
+    # read off two regions' positions at once (the demo's training captions hold 0.91 relation words each against
+    # 1.62 colour words), and at mlm_probability the grounded recipe reads it at the text-only level
+    # (docs/ABLATION.md, session 54)
     relation_words: list[str] | None = None
     relation_word_probability: float | None = None
     mask_fraction: float = 0.8  # of chosen word-pieces: replaced by [MASK] ...

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForPreTraining, BertModel
 
+from model.bert_gen import VLBertGen
 from model.config import model_config
 from model.encoder import KVBuffer
 from model.fast_rcnn import pixel_mask
@@ -672,3 +673,47 @@ def test_rows_without_aligned_words_are_the_model_without_alignment(tiny_cfg):
     assert not torch.allclose(every[0], none[0], atol=1e-3)  # the alignment reaches row 0's words
     torch.testing.assert_close(mixed[0], none[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mixed[1], every[1], atol=1e-5, rtol=1e-5)
+
+
+def test_geometry_layers_add_each_regions_geometry_before_every_later_layer(tiny_cfg):
+    """geometry_layers: zero at the start (the outputs are the same weights' without it); with the projection set,
+    the encoder equals one run by hand that adds Linear(geometry_embedding(normalised box)) at each region position
+    (nothing at text and [END]) before layers 2..L, padded and packed alike; BERT-gen refuses it."""
+    torch.manual_seed(0)
+    with_layers = VLBertForPretraining(model_config("tiny", updates={"geometry_layers": True})).eval()
+    plain = VLBertForPretraining(tiny_cfg).eval()
+    state = with_layers.state_dict()
+    projection = {k: state.pop(k) for k in list(state) if "geometry_layer_projection" in k}
+    assert set(projection) == {"vl_bert.embeddings.geometry_layer_projection.weight",
+                               "vl_bert.embeddings.geometry_layer_projection.bias"}
+    assert all(not v.any() for v in projection.values())
+    batch = make_batch()
+    for ln in (with_layers.vl_bert.embeddings.visual_ln_text, with_layers.vl_bert.embeddings.visual_ln_object):
+        torch.nn.init.ones_(ln.weight)
+    plain.load_state_dict({k: v for k, v in with_layers.state_dict().items() if "geometry_layer_projection" not in k})
+    with torch.no_grad():
+        torch.testing.assert_close(run(with_layers, batch).last_hidden_state, run(plain, batch).last_hidden_state,
+                                   rtol=0, atol=0)
+        proj = with_layers.vl_bert.embeddings.geometry_layer_projection
+        torch.nn.init.normal_(proj.weight, std=0.5)
+        torch.nn.init.normal_(proj.bias, std=0.5)
+        vb = with_layers.vl_bert
+        e = vb.embed(batch["input_ids"], batch["text_mask"], batch["token_type_ids"], images=batch["images"],
+                     image_sizes=batch["image_sizes"], boxes=batch["boxes"], box_mask=batch["box_mask"])
+        _, boxes_norm, _ = vb.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
+                                              boxes=batch["boxes"], box_mask=batch["box_mask"])
+        t = batch["input_ids"].shape[1]
+        added = torch.zeros_like(e.x)
+        added[:, t:t + boxes_norm.shape[1]] = proj(geometry_embedding(boxes_norm, tiny_cfg.geometry_size))
+        x = vb.embeddings.finish(e.x)
+        bias = e.mask[:, None, None, :]
+        for i, layer in enumerate(vb.encoder.layer):
+            x = layer(x + added if i else x, bias)[0]
+        padded = run(with_layers, batch)
+        torch.testing.assert_close(padded.last_hidden_state, x)
+        assert not torch.allclose(padded.last_hidden_state, run(plain, batch).last_hidden_state)
+        real = real_positions(batch["text_mask"], batch["box_mask"])
+        packed = run(with_layers, batch, real_positions=real)
+        torch.testing.assert_close(packed.last_hidden_state[packed.attention_mask], x[packed.attention_mask])
+    with pytest.raises(ValueError, match="geometry_layers"):
+        VLBertGen(model_config("tiny", updates={"geometry_layers": True}))
