@@ -255,9 +255,11 @@ class VLBertGen(BertGen):
         if cfg.visual_embedding != "vlbert" or cfg.region_input != "pixels":
             raise ValueError("VL-BERT's own input needs an end-to-end VL-BERT (visual_embedding 'vlbert', "
                              "region_input 'pixels'): its Fast R-CNN names the regions")
-        if cfg.geometry_layers:  # its decoding runs the encoder on cached prefixes, which carry no layer input
-            raise ValueError("geometry_layers: BERT-gen's VL-BERT input does not carry region geometry to every "
-                             "layer; generate from a model pretrained without it")
+        # its decoding runs the encoder on cached prefixes, which carry no layer input, and its target words take
+        # the aligned region words alone
+        if cfg.geometry_layers or cfg.aligned_geometry:
+            raise ValueError("geometry_layers / aligned_geometry: BERT-gen's VL-BERT input carries no region geometry "
+                             "past the embeddings; generate from a model pretrained without them")
         self.cfg = cfg
         self.model = VLBertForPretraining(cfg, with_fast_rcnn=True)
         self.model.vl_bert.fast_rcnn.requires_grad_(False)  # the features were computed by it, once

@@ -167,6 +167,8 @@ class VLBertEmbeddings(nn.Module):
             self.visual_ln_object = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
             if cfg.geometry_layers:
                 self.geometry_layer_projection = nn.Linear(cfg.geometry_size, h)
+            if cfg.aligned_geometry:
+                self.aligned_geometry_projection = nn.Linear(cfg.geometry_size, h)
             for name, value in self.config_buffers().items():
                 self.register_buffer(name, value, persistent=False)
         elif cfg.visual_embedding == "linear":
@@ -242,16 +244,18 @@ class VLBertEmbeddings(nn.Module):
                 terms.append(logits.float().softmax(-1).to(logits.dtype) @ self.name_embeddings(kind))
         return terms
 
-    def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor
-                             ) -> torch.Tensor:
-        """Each word's share of the region words of the regions its own embedding names: [B, T, hidden].
+    def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
+                             geometry: torch.Tensor | None = None) -> torch.Tensor:
+        """Each word's share of the region words of the regions its own embedding names: [B, T, hidden]; with
+        geometry [B, R, hidden] (`aligned_geometry`), of those regions' geometry terms too, with the same weights.
 
         score(t, r) = max over the parts (class, attribute, size) of cos(E[word t], part of region r); weights =
         softmax over the candidate regions and one "no region" option scored at the threshold, all times
         the scale. So "circle" takes the circle region's "red", "red" the red region's "circle", and a word
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
         embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
-        return (self.alignment_weights(words, terms, candidates).to(words.dtype) @ sum(terms)).to(words.dtype)
+        content = sum(terms) if geometry is None else sum(terms) + geometry
+        return (self.alignment_weights(words, terms, candidates).to(words.dtype) @ content).to(words.dtype)
 
     def alignment_weights(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor
                           ) -> torch.Tensor:
@@ -329,6 +333,9 @@ class VLBert(nn.Module):
             raise ValueError(f"region_geometry: '{cfg.region_geometry}' is not 'boxes' or 'whole_image'")
         if cfg.geometry_layers and cfg.visual_embedding != "vlbert":
             raise ValueError("geometry_layers carries VL-BERT's geometry embedding: visual_embedding must be 'vlbert'")
+        if cfg.aligned_geometry and (cfg.visual_embedding != "vlbert" or cfg.region_word_alignment is None):
+            raise ValueError("aligned_geometry gives aligned words their regions' geometry: set region_word_alignment "
+                             "(and visual_embedding 'vlbert')")
         end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
         self.region_words = cfg.visual_embedding == "vlbert" and any(
@@ -368,9 +375,10 @@ class VLBert(nn.Module):
             nn.init.constant_(self.embeddings.visual_ln_text.weight, cfg.visual_ln_init)
             nn.init.constant_(self.embeddings.visual_ln_object.weight, cfg.visual_ln_init if cfg.visual_ln_init_object
                               is None else cfg.visual_ln_init_object)
-            if cfg.geometry_layers:  # zero: the layers start as the loaded BERT's
-                nn.init.zeros_(self.embeddings.geometry_layer_projection.weight)
-                nn.init.zeros_(self.embeddings.geometry_layer_projection.bias)
+            for name in ("geometry_layer_projection", "aligned_geometry_projection"):  # zero: start as without
+                if hasattr(self.embeddings, name):
+                    nn.init.zeros_(getattr(self.embeddings, name).weight)
+                    nn.init.zeros_(getattr(self.embeddings, name).bias)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.cfg.initializer_range
@@ -584,7 +592,9 @@ class VLBert(nn.Module):
                     candidates = is_object & ~is_masked
                     if aligned_words is not None:  # a row without candidates gives every word "no region"
                         candidates = candidates & aligned_words.unsqueeze(1)
-                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates)
+                    where = emb.aligned_geometry_projection(emb.geometry(boxes_norm).to(words.dtype)) \
+                        if cfg.aligned_geometry else None  # [B, 1+N, hidden]
+                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where)
                 else:
                     terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)

@@ -717,3 +717,40 @@ def test_geometry_layers_add_each_regions_geometry_before_every_later_layer(tiny
         torch.testing.assert_close(packed.last_hidden_state[packed.attention_mask], x[packed.attention_mask])
     with pytest.raises(ValueError, match="geometry_layers"):
         VLBertGen(model_config("tiny", updates={"geometry_layers": True}))
+
+
+def test_aligned_geometry_gives_each_word_its_aligned_regions_geometry(tiny_cfg):
+    """aligned_geometry: zero at the start (the outputs are the same weights' without it); with the projection set,
+    the summed embeddings differ from the plain model's only at the words, by the alignment's weights times
+    Linear(geometry_embedding(normalised box)) of each region; it needs region_word_alignment."""
+    words = {"region_class_words": [[8], [9], [10], [12], [13], [14], [15], [16], [17]],
+             "region_word_alignment": 0.2}
+    torch.manual_seed(0)
+    model = VLBertForPretraining(model_config("tiny", updates={**words, "aligned_geometry": True})).eval()
+    plain = VLBertForPretraining(model_config("tiny", updates=words)).eval()
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and unexpected == ["vl_bert.embeddings.aligned_geometry_projection.weight",
+                                          "vl_bert.embeddings.aligned_geometry_projection.bias"]
+    batch = make_batch()
+    batch["input_ids"][:, 1:4] = torch.tensor([8, 12, 9])  # words that name classes: they align
+    with torch.no_grad():
+        torch.testing.assert_close(run(model, batch).last_hidden_state, run(plain, batch).last_hidden_state,
+                                   rtol=0, atol=0)
+        proj = model.vl_bert.embeddings.aligned_geometry_projection
+        torch.nn.init.normal_(proj.weight, std=0.5)
+        torch.nn.init.normal_(proj.bias, std=0.5)
+        args = (batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
+        image = {k: batch[k] for k in ("images", "image_sizes", "boxes", "box_mask")}
+        e, p = model.vl_bert.embed(*args, **image), plain.vl_bert.embed(*args, **image)
+        emb = model.vl_bert.embeddings
+        t = batch["input_ids"].shape[1]
+        weights = emb.alignment_weights(emb.word_embeddings(batch["input_ids"]), e.region_terms, e.candidates)
+        _, boxes_norm, _ = model.vl_bert.region_features(**image)
+        expected = weights @ proj(geometry_embedding(boxes_norm, tiny_cfg.geometry_size))
+        assert weights.sum(-1).amax() > 0.5  # some words align, so the test can fail
+        torch.testing.assert_close(e.x[:, :t] - p.x[:, :t], expected, atol=1e-5, rtol=1e-5)
+        assert torch.equal(e.x[:, t:], p.x[:, t:])
+    with pytest.raises(ValueError, match="aligned_geometry"):
+        VLBert(model_config("tiny", updates={"aligned_geometry": True}))
+    with pytest.raises(ValueError, match="aligned_geometry"):
+        VLBertGen(model_config("tiny", updates={**words, "aligned_geometry": True}))
