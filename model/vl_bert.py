@@ -562,6 +562,9 @@ class VLBert(nn.Module):
             whole = box_mask.new_ones(bsz, 1)
             real = torch.cat([whole, box_mask], 1)  # [B, 1+N]: whole image + boxes
             visual = emb.visual_features(appearance, boxes_norm, real)  # [B, 1+N, visual_size]
+            # the paths that carry the box past the visual feature embedding: its sine/cosine embedding once for both
+            geometry = emb.geometry(boxes_norm).to(words.dtype) if cfg.geometry_layers or cfg.aligned_geometry \
+                else None
             whole_image_term = emb.text_visual_term(visual[:, :1])  # [B, 1, hidden], once per sample
             if word_region_index is None:
                 text = text + whole_image_term  # every word takes it: broadcast, not T projections
@@ -592,8 +595,7 @@ class VLBert(nn.Module):
                     candidates = is_object & ~is_masked
                     if aligned_words is not None:  # a row without candidates gives every word "no region"
                         candidates = candidates & aligned_words.unsqueeze(1)
-                    where = emb.aligned_geometry_projection(emb.geometry(boxes_norm).to(words.dtype)) \
-                        if cfg.aligned_geometry else None  # [B, 1+N, hidden]
+                    where = emb.aligned_geometry_projection(geometry) if cfg.aligned_geometry else None
                     text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where)
                 else:
                     terms = None
@@ -606,7 +608,7 @@ class VLBert(nn.Module):
             ones = torch.ones_like(text_mask[:, :1])
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
             if cfg.geometry_layers:
-                where = emb.geometry_layer_projection(emb.geometry(boxes_norm).to(regions.dtype))  # [B, 1+N, hidden]
+                where = emb.geometry_layer_projection(geometry)  # [B, 1+N, hidden]
                 layer_input = torch.cat([torch.zeros_like(text), where, torch.zeros_like(end)], 1)
         return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates,
                               attribute_logits, layer_input)

@@ -113,22 +113,23 @@ class PretrainMasker:
         self.vocab_size = len(tokens)
         self.cls_id, self.sep_id, self.mask_id, self.pad_id = cls_id, sep_id, mask_id, pad_id
         self.seed, self.rank = seed, rank
-        self.region_word = None
         if cfg.region_word_probability is not None:
             if not region_word_ids:
                 raise ValueError("masking.region_word_probability needs the region words' names: set region_words "
                                  "(the detector's class/attribute vocabulary)")
-            self.region_word = torch.zeros(self.vocab_size, dtype=torch.bool)
-            self.region_word[torch.tensor(sorted(set(region_word_ids)))] = True
-        self.relation_word = None
+        # per vocabulary entry: the probability a caption word starting with it is chosen at (NaN: mlm_probability)
+        self.word_probability = None
+        if cfg.region_word_probability is not None or cfg.relation_words:
+            self.word_probability = torch.full((self.vocab_size,), float("nan"))
+        if cfg.region_word_probability is not None:
+            self.word_probability[torch.tensor(sorted(set(region_word_ids)))] = cfg.region_word_probability
         if (cfg.relation_word_probability is None) != (not cfg.relation_words):
             raise ValueError("masking.relation_words and masking.relation_word_probability: set both or neither")
         if cfg.relation_words:
             first_pieces = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in cfg.relation_words]
             if empty := [w for w, p in zip(cfg.relation_words, first_pieces) if not p]:
                 raise ValueError(f"masking.relation_words: {empty} make no word-piece")
-            self.relation_word = torch.zeros(self.vocab_size, dtype=torch.bool)
-            self.relation_word[torch.tensor(sorted({p[0] for p in first_pieces}))] = True
+            self.word_probability[torch.tensor(sorted({p[0] for p in first_pieces}))] = cfg.relation_word_probability
 
     def generator(self, index: int) -> torch.Generator:
         return torch_generator(self.seed, "masking", self.rank, index)
@@ -145,13 +146,11 @@ class PretrainMasker:
         starts = valid & ~self.continuation[ids]
         word_of_token = (starts.cumsum(1) - 1).clamp(min=0)  # [B, T]
         probability = torch.full((b, t), c.mlm_probability)  # per word (column k: the row's k-th word)
-        if caption and (self.region_word is not None or self.relation_word is not None):
+        if caption and self.word_probability is not None:
             first_piece = torch.zeros(b, t + 1, dtype=ids.dtype).scatter_(
                 1, torch.where(starts, word_of_token, t), ids)[:, :t]  # [B, T]: word k's first piece
-            if self.region_word is not None:
-                probability = torch.where(self.region_word[first_piece], c.region_word_probability, probability)
-            if self.relation_word is not None:
-                probability = torch.where(self.relation_word[first_piece], c.relation_word_probability, probability)
+            own = self.word_probability[first_piece]
+            probability = torch.where(own.isnan(), probability, own)
         chosen_words = torch.rand(b, t, generator=g) < probability
         chosen = chosen_words.gather(1, word_of_token) & valid
         if not chosen.any() and valid.any():  # at least one target per batch keeps the loss defined
