@@ -8,8 +8,7 @@
 #
 # Options (environment in brackets):
 #   --config FILE        PretrainConfig YAML [CONFIG]; default launch/configs/demo.yaml
-#   --gpus N             processes per node [NUM_GPUS]; default: all local GPUs, or on CPU [CPU_PROCS] the
-#                        config's cpu_processes (the demo's: 1 rank with every core), else 2
+#   --gpus N             processes per node [NUM_GPUS]; default: all local GPUs, or CPU_PROCS (2) on CPU
 #   --hostfile FILE      deepspeed hostfile for several nodes [HOSTFILE]
 #   --master-addr ADDR   [MASTER_ADDR]      --master-port PORT   [MASTER_PORT, default 29500]
 #   --node-rank R        [NODE_RANK] without ssh: start this node's ranks only (run once on every node of the
@@ -48,17 +47,21 @@ if [ -n "$node_rank" ] && { [ -z "$hostfile" ] || [ -z "$master_addr" ]; }; then
   exit 2
 fi
 command -v deepspeed >/dev/null || { echo "launch/pretrain.sh: 'deepspeed' is not on PATH (pip install -e .)" >&2; exit 2; }
+local_gpus="$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
+if [ "$local_gpus" = "0" ]; then
+  export DS_ACCELERATOR=cpu
+  gpus="${gpus:-${CPU_PROCS:-2}}"
+else
+  gpus="${gpus:-$local_gpus}"
+fi
 stage_start=$SECONDS
 stages=()
 stage_done() { stages+=("$1 $((SECONDS - stage_start)) s"); echo "launch/pretrain.sh: $1 took $((SECONDS - stage_start)) s" >&2; stage_start=$SECONDS; }
 # what the run needs first (the demo corpus, a detector warm-up, precomputed features), read from the config as the
 # run reads it, overrides included (pretrain/prepare.py); a config error stops here, before any of it
 prepare="$(python -m pretrain.prepare --config "$config" ${passthrough[@]+"${passthrough[@]}"})"
-config_procs=2
 while read -r step arg out <&3; do
   case "$step" in
-    cpu_processes)
-      config_procs="$arg" ;;
     demo)
       python -m shards.demo --out data/demo
       stage_done "demo corpus" ;;
@@ -72,13 +75,6 @@ while read -r step arg out <&3; do
       stage_done "region features" ;;
   esac
 done 3<<< "$prepare"
-local_gpus="$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
-if [ "$local_gpus" = "0" ]; then
-  export DS_ACCELERATOR=cpu
-  gpus="${gpus:-${CPU_PROCS:-$config_procs}}"
-else
-  gpus="${gpus:-$local_gpus}"
-fi
 launcher=(deepspeed --num_gpus "$gpus" --master_port "$master_port")
 [ -n "$hostfile" ] && launcher+=(--hostfile "$hostfile")
 [ -n "$master_addr" ] && launcher+=(--master_addr "$master_addr")

@@ -58,11 +58,6 @@ class PretrainConfig:
     # the detector warm-up's config (DetectorConfig YAML): at the end, the exported Fast R-CNN's held-out object
     # and attribute accuracy next to the warm-up's (detector drift; printed, eval.jsonl, TensorBoard); None = off
     detector_drift: str | None = None
-    # ranks launch/pretrain.sh starts on a machine without GPUs (its --gpus and CPU_PROCS win); None = 2. On 2
-    # cores one rank with both cores' threads ran the quick start's step 1.5x faster than two ranks of one core
-    # (1.04-1.27 against 1.76-1.99 s at the same global batch: two ranks pay the gradient exchange and a data
-    # loader each; docs/ABLATION.md, session 57)
-    cpu_processes: int | None = None
 
 
 

@@ -10,7 +10,6 @@ Steps, in the order they must run:
   `model.fast_rcnn.weights`, when that file is missing; the warm-ups are the `launch/configs/detector_*.yaml`.
 - `features <caption shards> <out>`: the demo's precomputed region features (`python -m pretrain.features`),
   when `data.caption_shards` reads them and they are missing or older than the caption shards they come from.
-And one setting: `cpu_processes N`, first, when the config sets `cpu_processes` (the ranks to start without GPUs).
 The launcher's own flags (--resume, --overwrite, --skip-batches) are accepted and change nothing here.
 """
 
@@ -56,9 +55,7 @@ def warmup_for(weights: str, configs: list[Path]) -> Path | None:
 
 
 def steps(cfg: PretrainConfig, warmups: list[Path]) -> list[str]:
-    if cfg.cpu_processes is not None and cfg.cpu_processes < 1:
-        raise ConfigError(f"cpu_processes: {cfg.cpu_processes} starts no rank (give 1 or more, or null for 2)")
-    out = [] if cfg.cpu_processes is None else [f"cpu_processes {cfg.cpu_processes}"]
+    out = []
     if any(s.startswith(DEMO) for s in strings(asdict(cfg))):
         out.append("demo")
     weights = (cfg.model.get("fast_rcnn") or {}).get("weights")

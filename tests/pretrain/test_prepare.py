@@ -63,12 +63,3 @@ def test_features_when_missing_or_older_than_their_captions(tree, capsys):
     assert steps(capsys, *argv) == ["demo"]
     os.utime(captions / "manifest.json", (3_000, 3_000))  # the corpus was rebuilt after the features
     assert steps(capsys, *argv) == ["demo", features_step]
-
-
-def test_cpu_processes_come_first_when_the_config_sets_them(tree, capsys):
-    # the launcher reads the line before any step runs; a config without the key keeps its default of 2 ranks
-    assert steps(capsys, "--config", "other.yaml", "cpu_processes=1") == ["cpu_processes 1"]
-    assert steps(capsys, "--config", "demo.yaml", "cpu_processes=3") == [
-        "cpu_processes 3", "demo", "warmup launch/configs/detector_x.yaml"]
-    with pytest.raises(ConfigError, match="cpu_processes: 0 starts no rank"):
-        main(["--config", "other.yaml", "cpu_processes=0"])
