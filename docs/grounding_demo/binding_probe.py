@@ -10,6 +10,9 @@ colour-word accuracy with each colour word masked alone (the grounding measureme
 
 views=K: BS/K images per step, each caption masked K times; words=0: no region words (the text prior);
 textwarm=N: the first N steps are text-only MLM on the captions;
+names=EXPORT: each region's appearance holds that export's Fast R-CNN logits on its gold box (the classifiers read
+them with weight 1), so the region words carry the detector's own names, errors and softness included (session 57);
+clip=C: gradient-norm clipping at C (0 = off); beta2=B, warm=N: Adam's beta2 and the LR warm-up's steps;
 textcopy=1: the visible objects' "colour shape" pairs are written
 after the caption as text, so the answer is in the input as words; align=T: region_word_alignment = T.
 Run from the repository root after `python -m shards.demo --out data/demo`.
@@ -63,26 +66,60 @@ with torch.no_grad():
     fr.object_classifier.weight.zero_()
     fr.object_classifier.bias.zero_()
     for c in range(9):
-        fr.object_classifier.weight[c, c] = 10.0
+        fr.object_classifier.weight[c, c] = 10.0 if args.get("names", "perfect") == "perfect" else 1.0
     if WORDS:
         fr.attribute_classifier.weight.zero_()
         fr.attribute_classifier.bias.zero_()
         for a in range(6):
-            fr.attribute_classifier.weight[a, 9 + a] = 10.0
+            fr.attribute_classifier.weight[a, 9 + a] = 10.0 if args.get("names", "perfect") == "perfect" else 1.0
 for p in fr.parameters():
     p.requires_grad_(False)
 if HEAD == "readout":
     model.mlm_head.init_as_readout()
 scenes = [json.loads(l) for l in open("data/demo/raw/scenes.jsonl")]
+for k, sc in enumerate(scenes):
+    sc["_k"] = k
 train, val = scenes[:1800], scenes[1800:]
 colours = list(sw.COLOURS)
+
+
+NAMES = args.get("names", "perfect")  # perfect | an export dir: its Fast R-CNN's own logits on every gold box
+DET = {}
+if NAMES != "perfect":
+    from pathlib import Path
+
+    from diagnostics.ablation import feature_extractor
+    from diagnostics.config import GroundingConfig
+    from diagnostics.grounding import GroundingEval
+    from model.config import load_config
+    from model.export import load_pretrained
+    from shards.decode import decode_resized
+
+    ex = load_pretrained(NAMES).eval()
+    gcfg = load_config(GroundingConfig, "launch/configs/heldout_demo.yaml", ["max_images=1"])
+    ev = GroundingEval(gcfg, tok, feature_extractor(ex, "cpu"))
+    with torch.no_grad():
+        for k, sc in enumerate(scenes_all := [json.loads(l) for l in open("data/demo/raw/scenes.jsonl")]):
+            img, scale, _ = decode_resized(Path("data/demo/raw", sc["image"]).read_bytes(), 128, 192)
+            bx = torch.tensor([o["box"] for o in sc["objects"]], dtype=torch.float) * scale
+            a, _ = ev._visual(ex.vl_bert, img, bx, None, "cpu")
+            detector = ex.vl_bert.fast_rcnn
+            DET[k] = (detector.object_classifier(a[0, 1:]), detector.attribute_classifier(a[0, 1:]))
+    print("detector logits for", len(DET), "scenes", flush=True)
 
 
 def visual(scene):
     n = len(scene["objects"])
     app = torch.zeros(n + 1, 512)
     app[:, 20:] = 0.1 * torch.randn(n + 1, 492)
+    if DET:  # the classifiers read dims 0-8 and 9-14 with weight 1 (below): softmax gives the detector's own
+        cl, at = DET[scene["_k"]]
+        app[1:, :9] = cl
+        app[1:, 9:15] = at
+        app[1:, 15:20] = 0.0
     for i, o in enumerate(scene["objects"]):
+        if DET:
+            break
         if not o["covered"]:
             app[i + 1, sw.CLASS_NAMES.index(o["category"])] = 1.0
             app[i + 1, 9 + colours.index(o["colour"])] = 1.0
@@ -179,8 +216,12 @@ def batch_single(chunk):
     return batch([(s, c) for s, c, _ in chunk], lambda words: {next(it)})
 
 
-opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=1e-4)
-sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+CLIP = float(args.get("clip", 1.0))
+B2 = float(args.get("beta2", 0.999))
+WARM = int(args.get("warm", 20))
+opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=1e-4,
+                        betas=(0.9, B2), eps=1e-6)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARM))
 t0 = time.time()
 print("step 0 colour", round(evaluate(), 3), flush=True)
 for step in range(1, STEPS + 1):
@@ -196,8 +237,9 @@ for step in range(1, STEPS + 1):
     loss = F.cross_entropy(logits.float(), lab)
     opt.zero_grad()
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP if CLIP > 0 else float('inf'))
     opt.step()
     sched.step()
     if step % 50 == 0:
-        print(f"step {step} loss {loss.item():.3f} colour {evaluate():.3f} t {time.time() - t0:.0f}s", flush=True)
+        print(f"step {step} loss {loss.item():.3f} gn {gn.item():.1f} colour {evaluate():.3f} "
+              f"t {time.time() - t0:.0f}s", flush=True)
