@@ -42,6 +42,7 @@ MLMP = float(args.get("mlmp", 0.15))
 HEAD = args.get("head", "readout")
 GAIN = float(args.get("gain", 0.05))
 WORDS = args.get("words", "1") == "1"
+NAMES = args.get("names", "perfect")  # perfect | an export dir: its Fast R-CNN's own logits on every gold box
 torch.set_num_threads(int(args.get("threads", 2)))
 d = packaged_bert_dir()
 tok = load_tokenizer(str(d))
@@ -66,12 +67,12 @@ with torch.no_grad():
     fr.object_classifier.weight.zero_()
     fr.object_classifier.bias.zero_()
     for c in range(9):
-        fr.object_classifier.weight[c, c] = 10.0 if args.get("names", "perfect") == "perfect" else 1.0
+        fr.object_classifier.weight[c, c] = 10.0 if NAMES == "perfect" else 1.0
     if WORDS:
         fr.attribute_classifier.weight.zero_()
         fr.attribute_classifier.bias.zero_()
         for a in range(6):
-            fr.attribute_classifier.weight[a, 9 + a] = 10.0 if args.get("names", "perfect") == "perfect" else 1.0
+            fr.attribute_classifier.weight[a, 9 + a] = 10.0 if NAMES == "perfect" else 1.0
 for p in fr.parameters():
     p.requires_grad_(False)
 if HEAD == "readout":
@@ -83,7 +84,6 @@ train, val = scenes[:1800], scenes[1800:]
 colours = list(sw.COLOURS)
 
 
-NAMES = args.get("names", "perfect")  # perfect | an export dir: its Fast R-CNN's own logits on every gold box
 DET = {}
 if NAMES != "perfect":
     from pathlib import Path
@@ -99,8 +99,9 @@ if NAMES != "perfect":
     gcfg = load_config(GroundingConfig, "launch/configs/heldout_demo.yaml", ["max_images=1"])
     ev = GroundingEval(gcfg, tok, feature_extractor(ex, "cpu"))
     with torch.no_grad():
-        for k, sc in enumerate(scenes_all := [json.loads(l) for l in open("data/demo/raw/scenes.jsonl")]):
-            img, scale, _ = decode_resized(Path("data/demo/raw", sc["image"]).read_bytes(), 128, 192)
+        for k, sc in enumerate(scenes):  # at the resolution the quick start reads them
+            img, scale, _ = decode_resized(Path("data/demo/raw", sc["image"]).read_bytes(), gcfg.short_side,
+                                           gcfg.long_side)
             bx = torch.tensor([o["box"] for o in sc["objects"]], dtype=torch.float) * scale
             a, _ = ev._visual(ex.vl_bert, img, bx, None, "cpu")
             detector = ex.vl_bert.fast_rcnn
@@ -112,14 +113,11 @@ def visual(scene):
     n = len(scene["objects"])
     app = torch.zeros(n + 1, 512)
     app[:, 20:] = 0.1 * torch.randn(n + 1, 492)
-    if DET:  # the classifiers read dims 0-8 and 9-14 with weight 1 (below): softmax gives the detector's own
+    if DET:  # the classifiers read dims 0-8 and 9-14 with weight 1 (above): softmax gives the detector's own
         cl, at = DET[scene["_k"]]
         app[1:, :9] = cl
         app[1:, 9:15] = at
-        app[1:, 15:20] = 0.0
-    for i, o in enumerate(scene["objects"]):
-        if DET:
-            break
+    for i, o in enumerate([] if DET else scene["objects"]):
         if not o["covered"]:
             app[i + 1, sw.CLASS_NAMES.index(o["category"])] = 1.0
             app[i + 1, 9 + colours.index(o["colour"])] = 1.0
