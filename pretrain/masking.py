@@ -47,6 +47,13 @@ class MaskingConfig:
     mrc_probability: float = 0.15  # fraction of regions chosen for masked RoI classification
     mrc_zero_fraction: float = 0.9  # of chosen regions: pixels zeroed (the rest stay visible)
     co_mask_iou: float | None = None  # zero regions overlapping a zeroed one above this IoU; None = off
+    # UNITER's conditional masking (Chen et al. 2020): this fraction of a batch's caption images are masked-region
+    # samples (regions chosen and zeroed, every word whole) and the rest masked-word samples (words masked, every
+    # region in view), so no masked word's object is hidden. None: VL-BERT's joint masking, both in every sample.
+    # Rounded per batch to at least one of each kind; a batch of one image keeps joint masking. On the quick start
+    # at 0.25 colour words read 0.394 against joint masking's 0.490 (a quarter fewer masked captions, and MRC
+    # there reads whole captions): not the demo's default (docs/ABLATION.md, session 58)
+    conditional_mrc_fraction: float | None = None
     max_caption_elements: int = 64  # words + regions of a caption sample
     # Word views: each caption is masked this many times independently (its own words chosen each time, the
     # same regions zeroed), and the detector runs once per image for all of them. The CNN is most of an
@@ -94,16 +101,21 @@ class PretrainMasker:
     def __init__(self, cfg: MaskingConfig, tokenizer, *, cls_id: int, sep_id: int, mask_id: int, num_classes: int,
                  pad_id: int = 0, seed: int = 0, rank: int = 0,
                  pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
-                 region_word_ids: list[int] | None = None, mrc: bool = True):
+                 region_word_ids: list[int] | None = None, mrc: bool = True, mrc_from_batch: int = 0):
         """region_word_ids: the first word-piece of each class / attribute name (masking.region_word_probability).
         mrc=False: pretraining without masked RoI classification (`losses.mrc_weight: 0`, VL-BERT's Table 4 setting
-        (a)): no region is chosen and no pixel zeroed, since nothing would be asked of them."""
+        (a)): no region is chosen and no pixel zeroed, since nothing would be asked of them. mrc_from_batch: the
+        same for the rank's batches before this one (`losses.mrc_from_step`)."""
         if cfg.shuffle_images and cfg.ablate_image:  # here, not in the loader's workers at the first batch
             raise ValueError("masking: shuffle_images and ablate_image are two controls; set one")
         if not 0.0 <= cfg.alignment_drop <= 1.0:
             raise ValueError(f"masking.alignment_drop: {cfg.alignment_drop}, must be in [0, 1]")
+        if cfg.conditional_mrc_fraction is not None and not 0.0 < cfg.conditional_mrc_fraction < 1.0:
+            raise ValueError(f"masking.conditional_mrc_fraction: {cfg.conditional_mrc_fraction}, must be in (0, 1) "
+                             "(null: joint masking)")
         self.cfg = cfg
         self.mrc = mrc
+        self.mrc_from_batch = mrc_from_batch
         self.grey = grey_of(pixel_mean)
         self.num_classes = num_classes
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
@@ -136,11 +148,12 @@ class PretrainMasker:
 
     # -- words --------------------------------------------------------------------------------------
 
-    def mask_words(self, ids: torch.Tensor, valid: torch.Tensor, g: torch.Generator, caption: bool = False):
+    def mask_words(self, ids: torch.Tensor, valid: torch.Tensor, g: torch.Generator, caption: bool = False,
+                   rows: torch.Tensor | None = None):
         """Whole-word masking of [B, T] word ids -> (input ids, labels with IGNORE where not chosen). In a
         caption, words whose first piece names a region class or attribute are chosen with
         masking.region_word_probability, and words whose first piece is a relation word's with
-        masking.relation_word_probability."""
+        masking.relation_word_probability. rows [B] bool: the rows whose words may be chosen (default all)."""
         c = self.cfg
         b, t = ids.shape
         starts = valid & ~self.continuation[ids]
@@ -152,9 +165,10 @@ class PretrainMasker:
             own = self.word_probability[first_piece]
             probability = torch.where(own.isnan(), probability, own)
         chosen_words = torch.rand(b, t, generator=g) < probability
-        chosen = chosen_words.gather(1, word_of_token) & valid
-        if not chosen.any() and valid.any():  # at least one target per batch keeps the loss defined
-            first = int(valid.any(1).nonzero()[0])
+        maskable = valid if rows is None else valid & rows.unsqueeze(1)
+        chosen = chosen_words.gather(1, word_of_token) & maskable
+        if not chosen.any() and maskable.any():  # at least one target per batch keeps the loss defined
+            first = int(maskable.any(1).nonzero()[0])
             chosen[first] = valid[first] & (word_of_token[first] == 0)
         labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
         # the 80/10/10 choice is drawn once per word and shared by its pieces (BERT's whole-word masking),
@@ -165,8 +179,8 @@ class PretrainMasker:
         use_random = chosen & (r >= c.mask_fraction) & (r < c.mask_fraction + c.random_fraction)
         return torch.where(use_random, random_words, out), labels
 
-    def _text_inputs(self, ids, valid, g, caption: bool = False) -> dict:
-        masked, labels = self.mask_words(ids, valid, g, caption)
+    def _text_inputs(self, ids, valid, g, caption: bool = False, rows: torch.Tensor | None = None) -> dict:
+        masked, labels = self.mask_words(ids, valid, g, caption, rows)
         input_ids, token_types, text_mask = assemble_text(masked, valid, cls_id=self.cls_id, sep_id=self.sep_id,
                                                           pad_id=self.pad_id)
         labels, _, _ = assemble_text(labels, valid, cls_id=IGNORE, sep_id=IGNORE, pad_id=IGNORE)
@@ -180,8 +194,9 @@ class PretrainMasker:
         out = self._text_inputs(batch["input_ids"], batch["attention_mask"], g)
         return {**out, "real_positions": real_positions(out["text_mask"])}
 
-    def caption(self, batch: dict, g: torch.Generator) -> dict:
+    def caption(self, batch: dict, g: torch.Generator, index: int = 0) -> dict:
         c = self.cfg
+        mrc = self.mrc and index >= self.mrc_from_batch
         ids, valid = batch["input_ids"], batch["attention_mask"].clone()
         box_mask, scores = batch["box_mask"].clone(), batch["box_scores"]
         b, n = box_mask.shape
@@ -195,15 +210,24 @@ class PretrainMasker:
         k = c.word_views
         if k < 1:
             raise ValueError(f"masking.word_views: {k}, must be >= 1")
+        region_images = None  # conditional masking: the images whose regions are masked and words whole
+        if c.conditional_mrc_fraction is not None and mrc and b > 1:
+            count = min(max(round(c.conditional_mrc_fraction * b), 1), b - 1)
+            region_images = torch.zeros(b, dtype=torch.bool)
+            region_images[torch.randperm(b, generator=g)[:count]] = True
         # rows k*b + i are caption i's views: its image is image i of the batch (VLBert.region_features)
-        out = self._text_inputs(torch.where(valid, ids, self.pad_id).repeat(k, 1), valid.repeat(k, 1), g, caption=True)
+        out = self._text_inputs(torch.where(valid, ids, self.pad_id).repeat(k, 1), valid.repeat(k, 1), g, caption=True,
+                                rows=None if region_images is None else ~region_images.repeat(k))
         # masked RoI classification
-        chosen = (torch.rand(b, n, generator=g) < c.mrc_probability) & box_mask
-        if not self.mrc:  # drawn all the same: the words' masks and every later draw stay the MRC run's
+        candidates = box_mask if region_images is None else box_mask & region_images.unsqueeze(1)
+        chosen = (torch.rand(b, n, generator=g) < c.mrc_probability) & candidates
+        if not mrc:  # drawn all the same: the words' masks and every later draw stay the MRC run's
             chosen = torch.zeros_like(chosen)
         elif not chosen.any() and box_mask.any():
-            first = int(box_mask.any(1).nonzero()[0])
-            chosen[first, int(box_mask[first].nonzero()[0])] = True
+            # a region-masking image without boxes leaves one region of another image to be chosen (joint there)
+            candidates = candidates if candidates.any() else box_mask
+            first = int(candidates.any(1).nonzero()[0])
+            chosen[first, int(candidates[first].nonzero()[0])] = True
         zeroed = chosen & (torch.rand(b, n, generator=g) < c.mrc_zero_fraction)
         if c.co_mask_iou is not None:
             overlap = box_iou(batch["boxes"], batch["boxes"]) > c.co_mask_iou  # [B, N, N]
@@ -244,7 +268,7 @@ class PretrainMasker:
         g = self.generator(batch["index"])
         out = {k: v for k, v in batch.items() if k not in ("caption", "text")}
         if "caption" in batch:
-            out["caption"] = self.caption(batch["caption"], g)
+            out["caption"] = self.caption(batch["caption"], g, batch["index"])
             out["caption"]["keys"] = batch["caption"]["keys"]
         if "text" in batch:
             out["text"] = self.text(batch["text"], g)

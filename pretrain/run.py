@@ -180,7 +180,8 @@ class PretrainTask(Task):
                                 region_word_ids=[name[0] for name in (model_cfg.region_class_words or [])[1:]
                                                  + (model_cfg.region_attribute_words or [])
                                                  + (model_cfg.region_size_words or [])],
-                                mrc=cfg.losses.mrc_weight > 0)
+                                mrc=cfg.losses.mrc_weight > 0,
+                                mrc_from_batch=cfg.losses.mrc_from_step * cfg.engine.gradient_accumulation_steps)
         loader = StreamLoader(cfg.data, pin_memory=torch.cuda.is_available(), transform=masker,
                               shuffle_images=cfg.masking.shuffle_images)
         evaluators = []

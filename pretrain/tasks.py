@@ -23,6 +23,8 @@ from train.engine import METRIC_WEIGHT
 class LossConfig:
     mlm_caption_weight: float = 1.0
     mrc_weight: float = 1.0  # 0: no masked RoI classification at all (the masker hides no region; no MRC head)
+    # masked RoI classification from this step on; before it no region is chosen or zeroed (as at mrc_weight 0)
+    mrc_from_step: int = 0
     mlm_text_weight: float = 1.0
     mrc_target: str = "soft"  # "soft": cross-entropy to the detector's class distribution (official);
     #                          "hard": cross-entropy to the detector's class; "kl": MRC-KL (UNITER/volta)
@@ -44,6 +46,8 @@ class LossConfig:
 
 def masked_roi_loss(logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
     log_q = logits.float().log_softmax(-1)
+    if logits.shape[0] == 0:  # a step before `mrc_from_step`: no target, and the head keeps a (zero) gradient
+        return log_q.sum() * 0.0
     if kind == "soft":
         return -(probs * log_q).sum(-1).mean()
     if kind == "kl":
@@ -113,8 +117,11 @@ class VLBertPretraining(nn.Module):
                 mrc_logits = self.model.masked_roi_classification(regions)
                 mrc = masked_roi_loss(mrc_logits, c["mrc_probs"], c["mrc_labels"], cfg.mrc_target)
                 total = total + cfg.mrc_weight * mrc
-                metrics.update({"loss/mrc": mrc,
-                                "acc/mrc": (mrc_logits.argmax(-1) == c["mrc_labels"]).float().mean()})
+                # weighted by the step's targets: steps before `mrc_from_step` have none and leave the logged means
+                n = torch.tensor(float(mrc_logits.shape[0]), device=mrc_logits.device)
+                hits = (mrc_logits.argmax(-1) == c["mrc_labels"]).float().sum() / n.clamp(min=1)
+                metrics.update({"loss/mrc": mrc, "acc/mrc": hits,
+                                "loss/mrc" + METRIC_WEIGHT: n, "acc/mrc" + METRIC_WEIGHT: n})
                 if attributes:
                     target = (c["mrc_attribute_probs"] if stored else
                               out.region_attribute_logits[:, 1:].flatten(0, 1)[c["mrc_positions"]].float().softmax(-1))

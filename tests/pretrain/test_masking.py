@@ -88,6 +88,71 @@ def test_region_masking_rates_and_targets(masker):
     assert torch.equal(out["mrc_labels"], batch["caption"]["box_classes"].flatten()[out["mrc_positions"]])
 
 
+@pytest.mark.parametrize("fraction, images", [(0.25, 16), (0.5, 32), (0.01, 1), (0.99, 63)])
+def test_conditional_masking_keeps_words_and_regions_apart(fraction, images):
+    """UNITER's conditional masking: round(fraction * B) images (at least one, at most B - 1) have regions chosen
+    and every word whole in all their views; the others have words masked and no region chosen or zeroed."""
+    tok = load_tokenizer(None)
+    m = PretrainMasker(MaskingConfig(mrc_probability=0.5, co_mask_iou=0.3, word_views=2, mlm_probability=0.3,
+                                     conditional_mrc_fraction=fraction), tok, cls_id=101, sep_id=102, mask_id=103,
+                       num_classes=9)
+    batch = caption_batch()
+    out = m(batch)["caption"]
+    b, n = batch["caption"]["box_mask"].shape
+    chosen = torch.zeros(2 * b * n, dtype=torch.bool)
+    chosen[out["mrc_positions"]] = True
+    region_rows = (chosen.view(2 * b, n) | out["masked_regions"]).any(1)  # [2B]: rows with a region masked
+    words = torch.zeros_like(out["input_ids"].flatten(), dtype=torch.bool)
+    words[out["mlm_positions"]] = True
+    word_rows = words.view(2 * b, -1).any(1)
+    assert torch.equal(region_rows[:b], region_rows[b:])  # both views of an image
+    # 0.5 of 20 regions: an image of region masking without a region chosen has chance 1e-6
+    assert region_rows[:b].sum() == images
+    assert not (region_rows & word_rows).any()
+    assert word_rows[~region_rows].float().mean() > 0.95  # 12 words at 0.3: a row without any, 1.4%
+    # the region-masking images' words are whole: their rows are the caption itself between [CLS] and [SEP]
+    assert (out["input_ids"][region_rows][:, 1:13] == 2204).all()
+
+
+def test_conditional_masking_with_one_image_is_joint():
+    tok = load_tokenizer(None)
+    joint = PretrainMasker(MaskingConfig(mrc_probability=0.5), tok, cls_id=101, sep_id=102, mask_id=103,
+                           num_classes=9)
+    conditional = PretrainMasker(MaskingConfig(mrc_probability=0.5, conditional_mrc_fraction=0.25), tok, cls_id=101,
+                                 sep_id=102, mask_id=103, num_classes=9)
+    batch = caption_batch(b=1)
+    a, c = joint(batch)["caption"], conditional(batch)["caption"]
+    assert all(torch.equal(a[k], c[k]) for k in ("input_ids", "mlm_positions", "mrc_positions", "masked_regions"))
+    with pytest.raises(ValueError, match="conditional_mrc_fraction"):
+        PretrainMasker(MaskingConfig(conditional_mrc_fraction=1.0), tok, cls_id=101, sep_id=102, mask_id=103,
+                       num_classes=9)
+
+
+def test_mrc_from_batch_chooses_no_region_before_it():
+    """losses.mrc_from_step: batches before it are masked as at mrc_weight 0 (every word draw the same), from it on
+    as the default."""
+    tok = load_tokenizer(None)
+    kw = dict(cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+    late = PretrainMasker(MaskingConfig(), tok, mrc_from_batch=4, **kw)
+    off, on = PretrainMasker(MaskingConfig(), tok, mrc=False, **kw), PretrainMasker(MaskingConfig(), tok, **kw)
+    for index, same in ((3, off), (4, on)):
+        batch = {**caption_batch(), "index": index}
+        a, b = late(batch)["caption"], same(batch)["caption"]
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "mlm_positions", "mrc_positions", "masked_regions"))
+    assert len(late({**caption_batch(), "index": 3})["caption"]["mrc_positions"]) == 0
+
+
+def test_mrc_loss_without_targets_is_zero_with_a_gradient():
+    from pretrain.tasks import masked_roi_loss
+
+    logits = torch.zeros(0, 9, requires_grad=True)
+    for kind in ("soft", "kl", "hard"):
+        loss = masked_roi_loss(logits, torch.zeros(0, 9), torch.zeros(0, dtype=torch.long), kind)
+        assert loss.item() == 0.0
+        loss.backward()
+    assert logits.grad is not None
+
+
 def test_co_masking_zeroes_overlapping_regions():
     tok = load_tokenizer(None)
     m = PretrainMasker(MaskingConfig(mrc_probability=0.3, co_mask_iou=0.3), tok, cls_id=101, sep_id=102,
