@@ -1,5 +1,5 @@
-"""Session 58's figure: held-out colour and shape words per MRC variant of the quick start (330 steps, seed 0),
-95% intervals clustered by image, from each run's grounding.json.
+"""Session 58's figure: held-out colour and shape words per MRC variant of the quick start (330 steps, seed 0
+unless named), 95% intervals clustered by image, from each run's grounding.json.
 
     python docs/grounding_demo/quickstart_s58/plot.py
 """
@@ -22,11 +22,14 @@ RUNS = [("default", demo / "quickstart_s56/corners_330"),
         ("MRC p 0.05", here / "mrc_probability_0.05_330"),
         ("conditional 0.25", here / "conditional_0.25_330"),
         ("+ colour MRC", here / "mrc_attribute_shards_330"),
-        ("MRC from step 165", here / "mrc_from_step_165_330")]
+        ("MRC from step 165", here / "mrc_from_step_165_330"),
+        ("default, seed 1", demo / "quickstart_s57/default_330_seed1"),
+        ("zeroing, no loss, seed 1", here / "mrc_weight_1e-6_330_seed1"),
+        ("loss, no zeroing, seed 1", here / "mrc_zero_fraction_0_330_seed1")]
 
 
 def main() -> None:
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(11, 4.2))
     width = 0.38
     for j, (category, colour) in enumerate((("colour", "tab:blue"), ("shape", "tab:orange"))):
         for i, (_, path) in enumerate(RUNS):
