@@ -118,7 +118,7 @@ class VLBertPretraining(nn.Module):
                 mrc = masked_roi_loss(mrc_logits, c["mrc_probs"], c["mrc_labels"], cfg.mrc_target)
                 total = total + cfg.mrc_weight * mrc
                 # weighted by the step's targets: steps before `mrc_from_step` have none and leave the logged means
-                n = mrc_logits.new_ones(mrc_logits.shape[0]).float().sum()  # on the device: no copy, no sync
+                n = mrc_logits.new_ones(mrc_logits.shape[0], dtype=torch.float32).sum()  # on the device: no copy
                 hits = (mrc_logits.argmax(-1) == c["mrc_labels"]).float().sum() / n.clamp(min=1)
                 metrics.update({"loss/mrc": mrc, "acc/mrc": hits,
                                 "loss/mrc" + METRIC_WEIGHT: n, "acc/mrc" + METRIC_WEIGHT: n})
