@@ -302,8 +302,8 @@ class VLBertGen(BertGen):
         emb = self.bert.embeddings
         words = emb.word_embeddings(ids)
         x = words + emb.position_embeddings(positions) + emb.token_type_embeddings.weight[SEGMENT_A] + context.visual
-        if context.region_terms is not None:
-            x = x + emb.aligned_region_words(words, context.region_terms, context.candidates)
+        if context.region_terms is not None:  # its own regions only (no alignment_neighbours): the next word is
+            x = x + emb.aligned_region_words(words, context.region_terms, context.candidates)  # what it predicts
         return x
 
 

@@ -279,6 +279,12 @@ class VLBertConfig:
     # bind to their regions mostly through the alignment (colour 0.90 with it, 0.53 without it at evaluation), and
     # relation words (left of, on the left) stay at the text-only level (docs/ABLATION.md, session 55).
     aligned_geometry: bool = False
+    # A word that names no region itself (a [MASK], "a", "of") takes the aligned region words of the words within
+    # this many word-pieces of it, in the share it has left: the masked colour of "a [MASK] circle" then holds the
+    # circle region's names in its own input, where with 0 (off) the model must first learn to carry them across
+    # from "circle", the slow part of the binding (the perfect-vision probe, docs/ABLATION.md session 11). Sees the
+    # next word: BERT-gen's target words take their own regions only (the next word is what they predict).
+    alignment_neighbours: int = 0
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
     # "boxes": each region is its box. "whole_image": every region is read as the whole image (the Fast R-CNN
     # pools the whole image for it; its geometry embedding and size names are the whole image's), so the model

@@ -245,7 +245,7 @@ class VLBertEmbeddings(nn.Module):
         return terms
 
     def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
-                             geometry: torch.Tensor | None = None) -> torch.Tensor:
+                             geometry: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Each word's share of the region words of the regions its own embedding names: [B, T, hidden]; with
         geometry [B, R, hidden] (`aligned_geometry`), of those regions' geometry terms too, with the same weights.
 
@@ -255,18 +255,28 @@ class VLBertEmbeddings(nn.Module):
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
         embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
         content = sum(terms) if geometry is None else sum(terms) + geometry
-        return (self.alignment_weights(words, terms, candidates).to(words.dtype) @ content).to(words.dtype)
+        return (self.alignment_weights(words, terms, candidates, valid).to(words.dtype) @ content).to(words.dtype)
 
-    def alignment_weights(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor
-                          ) -> torch.Tensor:
+    def alignment_weights(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
+                          valid: torch.Tensor | None = None) -> torch.Tensor:
         """[B, T, R]: each word's weight on each region in `aligned_region_words` (a row sums to 1 minus its
-        "no region" weight)."""
+        "no region" weight). With `alignment_neighbours` k and valid [B, T] (the real words), a word then adds,
+        times its own "no region" weight, the sum of the weights of the valid words within k of it, scaled to
+        sum to at most 1."""
         cfg = self.cfg
         w = F.normalize(words.float(), dim=-1)  # [B, T, h]
         score = torch.stack([w @ F.normalize(part.float(), dim=-1).transpose(1, 2) for part in terms]).amax(0)
         score = score.masked_fill(~candidates.unsqueeze(1), float("-inf"))  # [B, T, R]
         none = score.new_full((*score.shape[:2], 1), cfg.region_word_alignment)
-        return (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
+        weights = (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
+        k = cfg.alignment_neighbours
+        if not k or valid is None:
+            return weights
+        t = weights.shape[1]
+        source = F.pad(weights * valid.unsqueeze(-1).to(weights.dtype), (0, 0, k, k))  # [B, T + 2k, R]
+        near = sum(source[:, k + o:k + o + t] for o in range(-k, k + 1) if o)  # 2k shifted views, no token loop
+        near = near / near.sum(-1, keepdim=True).clamp(min=1.0)
+        return weights + (1.0 - weights.sum(-1, keepdim=True)) * near
 
     def text_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
         return self.visual_ln_text(self.visual_projection_text(visual))
@@ -336,6 +346,9 @@ class VLBert(nn.Module):
         if cfg.aligned_geometry and (cfg.visual_embedding != "vlbert" or cfg.region_word_alignment is None):
             raise ValueError("aligned_geometry gives aligned words their regions' geometry: set region_word_alignment "
                              "(and visual_embedding 'vlbert')")
+        if cfg.alignment_neighbours < 0 or (cfg.alignment_neighbours and cfg.region_word_alignment is None):
+            raise ValueError(f"alignment_neighbours: {cfg.alignment_neighbours} shares the aligned words' regions with "
+                             "their neighbours: a count >= 0, and > 0 needs region_word_alignment")
         end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
         self.region_words = cfg.visual_embedding == "vlbert" and any(
@@ -596,7 +609,7 @@ class VLBert(nn.Module):
                     if aligned_words is not None:  # a row without candidates gives every word "no region"
                         candidates = candidates & aligned_words.unsqueeze(1)
                     where = emb.aligned_geometry_projection(geometry) if cfg.aligned_geometry else None
-                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where)
+                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, text_mask)
                 else:
                     terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)

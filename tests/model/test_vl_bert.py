@@ -656,6 +656,59 @@ def test_aligned_region_words_by_hand(tiny_cfg):
         VLBert(model_config("tiny", updates={"region_word_alignment": 0.5}))
 
 
+def test_alignment_neighbours_by_hand(tiny_cfg):
+    """alignment_neighbours k: a word's weights W'[t] = W[t] + (1 - sum_r W[t, r]) * N[t] / max(1, sum_r N[t, r]),
+    N[t] = sum of W[s] over the valid words s != t with |s - t| <= k, written out word by word; 0 leaves W; in the
+    model the text's summed embeddings move by (W' - W) @ (the regions' summed names) and nothing else does; a
+    model without the alignment refuses it."""
+    words_cfg = {"region_class_words": [[8], [9], [10], [12], [13], [14], [15], [16], [17]],
+                 "region_word_alignment": 0.2}
+    torch.manual_seed(0)
+    emb = VLBert(model_config("tiny", updates={**words_cfg, "region_word_alignment": 0.5,
+                                               "alignment_neighbours": 2})).embeddings
+    classes, attributes = torch.randn(2, 3, 32), torch.randn(2, 3, 32)
+    words = torch.randn(2, 6, 32)
+    words[0, 1], words[0, 4], words[1, 0], words[1, 5] = classes[0, 0], attributes[0, 2], classes[1, 1], classes[1, 2]
+    candidates = torch.ones(2, 3, dtype=torch.bool)
+    valid = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])  # row 1: its last word is padding
+    own = emb.alignment_weights(words, [classes, attributes], candidates)
+    got = emb.alignment_weights(words, [classes, attributes], candidates, valid)
+    expected = own.clone()
+    for b in range(2):
+        for t in range(6):
+            near = sum((own[b, s] for s in range(6) if s != t and abs(s - t) <= 2 and valid[b, s]),
+                       torch.zeros(3))
+            expected[b, t] = own[b, t] + (1 - own[b, t].sum()) * near / max(1.0, float(near.sum()))
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    assert float((got - own).abs().amax()) > 0.3  # unaligned words took their neighbours' regions
+    # padding gives nothing: row 1's word 5 names region 2, and with it valid word 3 would take it
+    every = emb.alignment_weights(words, [classes, attributes], candidates, torch.ones_like(valid))
+    assert float(own[1, 3].sum()) < 0.1 and float(every[1, 3, 2] - got[1, 3, 2]) > 0.1
+    assert float(got.sum(-1).amax()) <= 1 + 1e-6
+    model = VLBertForPretraining(model_config("tiny", updates={**words_cfg, "alignment_neighbours": 1})).eval()
+    plain = VLBertForPretraining(model_config("tiny", updates=words_cfg)).eval()
+    plain.load_state_dict(model.state_dict())  # no parameters of its own
+    batch = make_batch()
+    batch["input_ids"][:, 1:4] = torch.tensor([8, 12, 9])
+    with torch.no_grad():
+        args = (batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
+        image = {k: batch[k] for k in ("images", "image_sizes", "boxes", "box_mask")}
+        e, p = model.vl_bert.embed(*args, **image), plain.vl_bert.embed(*args, **image)
+        vb = model.vl_bert.embeddings
+        ids_words = vb.word_embeddings(batch["input_ids"])
+        w_own = vb.alignment_weights(ids_words, e.region_terms, e.candidates)
+        w_near = vb.alignment_weights(ids_words, e.region_terms, e.candidates, batch["text_mask"])
+        t = batch["input_ids"].shape[1]
+        torch.testing.assert_close(e.x[:, :t] - p.x[:, :t], (w_near - w_own) @ sum(e.region_terms),
+                                   atol=1e-5, rtol=1e-5)
+        assert float((e.x[:, :t] - p.x[:, :t]).abs().amax()) > 1e-3
+        assert torch.equal(e.x[:, t:], p.x[:, t:])
+    with pytest.raises(ValueError, match="alignment_neighbours"):
+        VLBert(model_config("tiny", updates={"alignment_neighbours": 1}))
+    with pytest.raises(ValueError, match="alignment_neighbours"):
+        VLBert(model_config("tiny", updates={**words_cfg, "alignment_neighbours": -1}))
+
+
 def test_rows_without_aligned_words_are_the_model_without_alignment(tiny_cfg):
     """aligned_words [B]: a False row is what the same weights give with region_word_alignment off (its words
     take no region words; its region tokens keep their names), a True row what they give with every row
