@@ -480,7 +480,8 @@ class VLBert(nn.Module):
                 visual_input: tuple[torch.Tensor, torch.Tensor] | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 output_class_logits: bool = False, real_positions: int | None = None,
-                aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False) -> VLBertOutput:
+                aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False,
+                neighbour_words: torch.Tensor | None = None) -> VLBertOutput:
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
@@ -495,12 +496,13 @@ class VLBert(nn.Module):
         attribute logits of the regions' appearance, detached (targets), as `region_attribute_logits`.
         aligned_words [B] bool: the rows whose words take the region words they align to
         (`region_word_alignment`; None = every row); the others' words take none, their region tokens still carry
-        their names (pretraining's `masking.alignment_drop`)."""
+        their names (pretraining's `masking.alignment_drop`). neighbour_words [B] bool: the rows whose words take
+        their neighbours' aligned regions (`alignment_neighbours`; None = every row; `masking.neighbour_drop`)."""
         e = self.embed(input_ids, text_mask, token_type_ids, images=images, image_sizes=image_sizes, boxes=boxes,
                        box_mask=box_mask, masked_regions=masked_regions, region_features=region_features,
                        image_hw=image_hw, word_region_index=word_region_index, visual_input=visual_input,
                        output_class_logits=output_class_logits, aligned_words=aligned_words,
-                       output_attribute_logits=output_attribute_logits)
+                       output_attribute_logits=output_attribute_logits, neighbour_words=neighbour_words)
         encoded = self.encoder(self.embeddings.finish(e.x), e.mask, output_hidden_states=output_hidden_states,
                                output_attentions=output_attentions, real_positions=real_positions,
                                layer_input=e.layer_input)
@@ -514,7 +516,8 @@ class VLBert(nn.Module):
               masked_regions: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
               image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
               visual_input: tuple[torch.Tensor, torch.Tensor] | None = None, output_class_logits: bool = False,
-              aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False) -> VLBertEmbedded:
+              aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False,
+              neighbour_words: torch.Tensor | None = None) -> VLBertEmbedded:
         """`forward`'s sequence before the encoder (its arguments, same meaning), with what a word appended
         after it would take (a decoder's words: `VLBertGen`)."""
         cfg, emb = self.cfg, self.embeddings
@@ -609,7 +612,8 @@ class VLBert(nn.Module):
                     if aligned_words is not None:  # a row without candidates gives every word "no region"
                         candidates = candidates & aligned_words.unsqueeze(1)
                     where = emb.aligned_geometry_projection(geometry) if cfg.aligned_geometry else None
-                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, text_mask)
+                    near = text_mask if neighbour_words is None else text_mask & neighbour_words.unsqueeze(1)
+                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, near)
                 else:
                     terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)

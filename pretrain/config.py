@@ -74,7 +74,7 @@ def build_optim_config(cfg: PretrainConfig) -> OptimConfig:
 def build_model_config(cfg: PretrainConfig):
     """The VLBertConfig a PretrainConfig describes: the `bert` checkpoint's sizes (or the preset's), then
     `model` on top; the image-ablated control (`masking.ablate_image`) reads no boxes unless `model` says;
-    `masking.alignment_drop` needs the alignment it drops."""
+    `masking.alignment_drop` needs the alignment it drops, `masking.neighbour_drop` the neighbours'."""
     updates = cfg.model
     if cfg.masking.ablate_image and "region_geometry" not in updates:
         updates = {**updates, "region_geometry": "whole_image"}
@@ -85,4 +85,7 @@ def build_model_config(cfg: PretrainConfig):
     if cfg.masking.alignment_drop and out.region_word_alignment is None:
         raise ValueError("masking.alignment_drop drops the word-region alignment, which the model does not have: set "
                          "model.region_word_alignment (with region_words)")
+    if cfg.masking.neighbour_drop and not out.alignment_neighbours:
+        raise ValueError("masking.neighbour_drop drops the neighbours' aligned regions, which the model does not "
+                         "take: set model.alignment_neighbours")
     return out

@@ -85,6 +85,11 @@ class MaskingConfig:
     # weakly to align, and whether a finetuned model answers those depends on the finetuning seed
     # (docs/FINETUNE.md, session 37: measured at 0.5, not the default)
     alignment_drop: float = 0.0
+    # The fraction of caption rows whose words take nothing of their neighbours' aligned regions
+    # (`model.alignment_neighbours`) in a step: with every row given them, a masked colour is read off the names
+    # next to it and the path to an object named nowhere in the sentence (a whole masked phrase) is never learnt
+    # (docs/ABLATION.md, session 59)
+    neighbour_drop: float = 0.0
 
 
 def trimmed_lengths(words: int, regions: int, limit: int) -> tuple[int, int]:
@@ -110,6 +115,8 @@ class PretrainMasker:
             raise ValueError("masking: shuffle_images and ablate_image are two controls; set one")
         if not 0.0 <= cfg.alignment_drop <= 1.0:
             raise ValueError(f"masking.alignment_drop: {cfg.alignment_drop}, must be in [0, 1]")
+        if not 0.0 <= cfg.neighbour_drop <= 1.0:
+            raise ValueError(f"masking.neighbour_drop: {cfg.neighbour_drop}, must be in [0, 1]")
         if cfg.conditional_mrc_fraction is not None and not 0.0 < cfg.conditional_mrc_fraction < 1.0:
             raise ValueError(f"masking.conditional_mrc_fraction: {cfg.conditional_mrc_fraction}, must be in (0, 1) "
                              "(null: joint masking)")
@@ -259,6 +266,8 @@ class PretrainMasker:
             out["mrc_attribute_probs"] = batch["attribute_probs"].flatten(0, 1)[positions].float().repeat(k, 1)
         if c.alignment_drop > 0:  # drawn last and only when on, so every other draw is the default run's
             out["aligned_words"] = torch.rand(k * b, generator=g) >= c.alignment_drop
+        if c.neighbour_drop > 0:  # the same: last, only when on
+            out["neighbour_words"] = torch.rand(k * b, generator=g) >= c.neighbour_drop
         return out
 
     def grey_resampling_rings(self, images: torch.Tensor, batch: dict, zeroed: torch.Tensor) -> torch.Tensor:

@@ -703,6 +703,11 @@ def test_alignment_neighbours_by_hand(tiny_cfg):
                                    atol=1e-5, rtol=1e-5)
         assert float((e.x[:, :t] - p.x[:, :t]).abs().amax()) > 1e-3
         assert torch.equal(e.x[:, t:], p.x[:, t:])
+        # neighbour_words [B]: a False row is the model without neighbours, a True row the model with them
+        rows = model.vl_bert.embed(*args, **image, neighbour_words=torch.tensor([False, True]))
+        torch.testing.assert_close(rows.x[0], p.x[0], rtol=0, atol=0)
+        torch.testing.assert_close(rows.x[1], e.x[1], rtol=0, atol=0)
+        assert not torch.allclose(e.x[0], p.x[0])
     with pytest.raises(ValueError, match="alignment_neighbours"):
         VLBert(model_config("tiny", updates={"alignment_neighbours": 1}))
     with pytest.raises(ValueError, match="alignment_neighbours"):

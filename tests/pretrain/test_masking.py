@@ -362,30 +362,31 @@ def test_relation_words_are_masked_more_in_captions_only():
             PretrainMasker(MaskingConfig(**half), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
 
 
-def test_alignment_drop_draws_a_row_flag_after_every_default_draw(masker):
-    """masking.alignment_drop: each caption row (every word view) is left without aligned region words with that
-    probability, drawn after everything else, so the rest of the batch is the default run's exactly; off by default
-    (no flag: every row aligned)."""
+@pytest.mark.parametrize("option,key", [("alignment_drop", "aligned_words"), ("neighbour_drop", "neighbour_words")])
+def test_alignment_drop_draws_a_row_flag_after_every_default_draw(masker, option, key):
+    """masking.alignment_drop (neighbour_drop): each caption row (every word view) is left without aligned region
+    words (its neighbours' aligned regions) with that probability, drawn after everything else, so the rest of the
+    batch is the default run's exactly; off by default (no flag: every row takes them)."""
     tok, plain = masker
     batch = caption_batch(b=256, n=8)
     batch["caption"]["input_ids"] = torch.randint(2000, 5000, (256, 12), generator=torch.Generator().manual_seed(1))
     base = plain(batch)["caption"]
-    assert "aligned_words" not in base
+    assert key not in base
     views = PretrainMasker(MaskingConfig(word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
                            num_classes=9)(batch)["caption"]
     for p in (0.25, 0.5):
-        m = PretrainMasker(MaskingConfig(alignment_drop=p, word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
+        m = PretrainMasker(MaskingConfig(**{option: p}, word_views=2), tok, cls_id=101, sep_id=102, mask_id=103,
                            num_classes=9)
         out = m(batch)["caption"]
-        flags = out.pop("aligned_words")
+        flags = out.pop(key)
         assert flags.shape == (512,) and flags.dtype == torch.bool
         assert abs((~flags).float().mean().item() - p) < 0.07  # 512 rows: 3 standard errors
         assert out.keys() == views.keys()
-        for key, value in views.items():
-            assert torch.equal(out[key], value) if torch.is_tensor(value) else out[key] == value, key
-        assert torch.equal(m(batch)["caption"]["aligned_words"], flags)  # seeded by the batch index
-    with pytest.raises(ValueError, match="alignment_drop: 1.5"):
-        PretrainMasker(MaskingConfig(alignment_drop=1.5), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
+        for name, value in views.items():
+            assert torch.equal(out[name], value) if torch.is_tensor(value) else out[name] == value, name
+        assert torch.equal(m(batch)["caption"][key], flags)  # seeded by the batch index
+    with pytest.raises(ValueError, match=f"{option}: 1.5"):
+        PretrainMasker(MaskingConfig(**{option: 1.5}), tok, cls_id=101, sep_id=102, mask_id=103, num_classes=9)
 
 
 def test_without_mrc_no_region_is_hidden_and_the_words_masks_are_the_mrc_runs(masker):
