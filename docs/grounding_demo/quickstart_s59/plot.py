@@ -26,7 +26,8 @@ RUNS = [("default (s56)", demo / "quickstart_s56/corners_330"),
         ("neighbours 1, seed 1", here / "neighbours_1_330_seed1"),
         ("neighbours 1 + size names", here / "neighbours_1_sizes_330"),
         ("+ size names: control", here / "neighbours_1_sizes_330_control"),
-        ("+ size names, neighbour drop 0.5", here / "neighbours_1_sizes_drop_0.5_330")]
+        ("+ size names, neighbour drop 0.5", here / "neighbours_1_sizes_drop_0.5_330"),
+        ("the same, seed 1", here / "neighbours_1_sizes_drop_0.5_330_seed1")]
 CURVES = [("default (s56)", demo / "quickstart_s56/corners_330", "tab:gray"),
           ("neighbours 1", here / "neighbours_1_330", "tab:blue"),
           ("neighbours 1 + size names", here / "neighbours_1_sizes_330", "tab:green"),
