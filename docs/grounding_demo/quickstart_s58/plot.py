@@ -4,13 +4,16 @@ unless named), 95% intervals clustered by image, from each run's grounding.json.
     python docs/grounding_demo/quickstart_s58/plot.py
 """
 
-import json
+import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from docs.grounding_demo.word_bars import word_bars  # noqa: E402
 
 here = Path(__file__).resolve().parent
 demo = here.parent
@@ -30,19 +33,7 @@ RUNS = [("default", demo / "quickstart_s56/corners_330"),
 
 def main() -> None:
     fig, ax = plt.subplots(figsize=(11, 4.2))
-    width = 0.38
-    for j, (category, colour) in enumerate((("colour", "tab:blue"), ("shape", "tab:orange"))):
-        for i, (_, path) in enumerate(RUNS):
-            summary = next(iter(json.loads((path / "grounding.json").read_text())["models"].values()))
-            s = summary["words"][category]["image"]
-            x = i + (j - 0.5) * width
-            ax.bar(x, s["mean"], width, color=colour, label=category if i == 0 else None)
-            ax.errorbar(x, s["mean"], yerr=[[s["mean"] - s["ci95"][0]], [s["ci95"][1] - s["mean"]]], color="black",
-                        capsize=2, lw=1)
-        ax.axhline(summary["words"][category]["chance"], color=colour, ls=":", lw=1)
-    ax.set_xticks(range(len(RUNS)), [name for name, _ in RUNS], rotation=25, ha="right")
-    ax.set_ylabel("held-out masked-word accuracy, with the image")
-    ax.set_ylim(0, 1)
+    word_bars(ax, RUNS)
     ax.set_title("The quick start's MRC, one piece at a time (330 steps; dotted: chance)")
     ax.legend(loc="upper right")
     fig.tight_layout()

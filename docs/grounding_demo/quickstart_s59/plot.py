@@ -8,12 +8,16 @@ training, from the periodic evaluation on 16 held-out images (eval.jsonl), with 
 """
 
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from docs.grounding_demo.word_bars import word_bars  # noqa: E402
 
 here = Path(__file__).resolve().parent
 demo = here.parent
@@ -48,20 +52,8 @@ def periodic(path: Path) -> list[dict]:
 def main() -> None:
     runs = [(name, path) for name, path in RUNS if (path / "grounding.json").exists()]
     fig, (ax, cx) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1.5, 1]})
-    width = 0.38
-    for j, (category, colour) in enumerate((("colour", "tab:blue"), ("shape", "tab:orange"))):
-        for i, (_, path) in enumerate(runs):
-            summary = next(iter(json.loads((path / "grounding.json").read_text())["models"].values()))
-            s = summary["words"][category]["image"]
-            x = i + (j - 0.5) * width
-            ax.bar(x, s["mean"], width, color=colour, label=category if i == 0 else None)
-            ax.errorbar(x, s["mean"], yerr=[[s["mean"] - s["ci95"][0]], [s["ci95"][1] - s["mean"]]], color="black",
-                        capsize=2, lw=1)
-        ax.axhline(summary["words"][category]["chance"], color=colour, ls=":", lw=1)
+    word_bars(ax, runs)
     ax.axhline(0.8, color="black", ls="--", lw=0.8)
-    ax.set_xticks(range(len(runs)), [name for name, _ in runs], rotation=25, ha="right")
-    ax.set_ylabel("held-out masked-word accuracy, with the image")
-    ax.set_ylim(0, 1)
     ax.set_title("The quick start at 330 steps (dotted: chance; dashed: the 0.8 target)")
     ax.legend(loc="upper left")
     for name, path, colour in CURVES:
