@@ -58,7 +58,7 @@ def test_alignment_drop_needs_the_alignment():
     on = ["masking.neighbour_drop=0.5", "model.alignment_neighbours=1"]
     assert build_model_config(load_config(PretrainConfig, demo, on)).alignment_neighbours == 1
     with pytest.raises(ValueError, match="set model.alignment_neighbours"):
-        build_model_config(load_config(PretrainConfig, demo, on[:1]))
+        build_model_config(load_config(PretrainConfig, demo, on[:1] + ["model.alignment_neighbours=0"]))
 
 
 def test_the_image_ablated_control_freezes_its_detector():
