@@ -285,6 +285,11 @@ class VLBertConfig:
     # from "circle", the slow part of the binding (the perfect-vision probe, docs/ABLATION.md session 11). Sees the
     # next word: BERT-gen's target words take their own regions only (the next word is what they predict).
     alignment_neighbours: int = 0
+    # How a word combines its neighbours' regions: "sum" (any region a neighbour names) or "product" (the regions
+    # all its naming neighbours name, a product of their distributions: the masked shape of "a small red [MASK]"
+    # then takes the small red object, not every small one and every red one; a neighbour that names nothing
+    # counts for nothing). With k = 1 a shape word has one naming neighbour, and the two agree.
+    alignment_neighbour_combine: str = "sum"
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
     # "boxes": each region is its box. "whole_image": every region is read as the whole image (the Fast R-CNN
     # pools the whole image for it; its geometry embedding and size names are the whole image's), so the model

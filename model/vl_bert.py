@@ -262,7 +262,9 @@ class VLBertEmbeddings(nn.Module):
         """[B, T, R]: each word's weight on each region in `aligned_region_words` (a row sums to 1 minus its
         "no region" weight). With `alignment_neighbours` k and valid [B, T] (the real words), a word then adds,
         times its own "no region" weight, the sum of the weights of the valid words within k of it, scaled to
-        sum to at most 1."""
+        sum to at most 1; with `alignment_neighbour_combine` "product", the product of the valid neighbours'
+        normalised weights, each raised to the mass it names with, renormalised over the candidates and scaled
+        by that mass summed (at most 1)."""
         cfg = self.cfg
         w = F.normalize(words.float(), dim=-1)  # [B, T, h]
         score = torch.stack([w @ F.normalize(part.float(), dim=-1).transpose(1, 2) for part in terms]).amax(0)
@@ -274,8 +276,18 @@ class VLBertEmbeddings(nn.Module):
             return weights
         t = weights.shape[1]
         source = F.pad(weights * valid.unsqueeze(-1).to(weights.dtype), (0, 0, k, k))  # [B, T + 2k, R]
-        near = sum(source[:, k + o:k + o + t] for o in range(-k, k + 1) if o)  # 2k shifted views, no token loop
-        near = near / near.sum(-1, keepdim=True).clamp(min=1.0)
+        offsets = [o for o in range(-k, k + 1) if o]  # 2k shifted views, no token loop
+        if cfg.alignment_neighbour_combine == "sum":
+            near = sum(source[:, k + o:k + o + t] for o in offsets)
+            near = near / near.sum(-1, keepdim=True).clamp(min=1.0)
+        else:  # product: each neighbour's region distribution p_s, raised to the mass m_s it names with
+            mass = source.sum(-1, keepdim=True)  # [B, T + 2k, 1]
+            log_p = (source / mass.clamp(min=1e-12)).clamp(min=1e-6).log()
+            log_near = sum(mass[:, k + o:k + o + t] * log_p[:, k + o:k + o + t] for o in offsets)
+            log_near = log_near.masked_fill(~candidates.unsqueeze(1), float("-inf"))
+            any_region = candidates.any(-1)[:, None, None]  # a row without regions takes none (and no NaN)
+            near = torch.where(any_region, log_near.masked_fill(~any_region, 0.0).softmax(-1), 0.0)
+            near = near * sum(mass[:, k + o:k + o + t] for o in offsets).clamp(max=1.0)
         return weights + (1.0 - weights.sum(-1, keepdim=True)) * near
 
     def text_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
@@ -349,6 +361,9 @@ class VLBert(nn.Module):
         if cfg.alignment_neighbours < 0 or (cfg.alignment_neighbours and cfg.region_word_alignment is None):
             raise ValueError(f"alignment_neighbours: {cfg.alignment_neighbours} shares the aligned words' regions with "
                              "their neighbours: a count >= 0, and > 0 needs region_word_alignment")
+        if cfg.alignment_neighbour_combine not in ("sum", "product"):
+            raise ValueError(f"alignment_neighbour_combine: '{cfg.alignment_neighbour_combine}' is not 'sum' or "
+                             "'product'")
         end_to_end = with_fast_rcnn and cfg.visual_embedding == "vlbert" and cfg.region_input == "pixels"
         self.fast_rcnn = FastRCNN(cfg.fast_rcnn) if end_to_end else None
         self.region_words = cfg.visual_embedding == "vlbert" and any(

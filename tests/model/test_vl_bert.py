@@ -714,6 +714,46 @@ def test_alignment_neighbours_by_hand(tiny_cfg):
         VLBert(model_config("tiny", updates={**words_cfg, "alignment_neighbours": -1}))
 
 
+def test_alignment_neighbours_product_by_hand(tiny_cfg):
+    """alignment_neighbour_combine "product": N[t] = min(1, sum_s m_s) * softmax_r(sum_s m_s log p_s[r]) over the
+    valid words s != t within k, m_s = sum_r W[s, r], p_s = W[s] / m_s, written out word by word; a word between
+    one naming regions {0, 1} and one naming {1, 2} takes region 1 (where "sum" takes all three); a row without
+    regions takes nothing; an unknown mode is refused."""
+    words_cfg = {"region_class_words": [[8], [9], [10], [12], [13], [14], [15], [16], [17]],
+                 "region_word_alignment": 0.5, "alignment_neighbours": 1}
+    torch.manual_seed(0)
+    emb = VLBert(model_config("tiny", updates={**words_cfg, "alignment_neighbour_combine": "product"})).embeddings
+    total = VLBert(model_config("tiny", updates=words_cfg)).embeddings
+    a, b = torch.randn(32), torch.randn(32)
+    classes = torch.randn(2, 3, 32)
+    attributes = torch.randn(2, 3, 32)
+    classes[0, 0], classes[0, 1] = a, a  # regions 0 and 1 are both "a"
+    attributes[0, 1], attributes[0, 2] = b, b  # regions 1 and 2 are both "b"
+    words = torch.randn(2, 5, 32)
+    words[0, 1], words[0, 3] = a, b  # "a [x] b": word 2 sits between them
+    words[1, 0], words[1, 2] = classes[1, 1], attributes[1, 2]
+    candidates = torch.ones(2, 3, dtype=torch.bool)
+    valid = torch.tensor([[True] * 5, [True] * 4 + [False]])
+    own = emb.alignment_weights(words, [classes, attributes], candidates)
+    got = emb.alignment_weights(words, [classes, attributes], candidates, valid)
+    expected = own.clone()
+    for r in range(2):
+        for t in range(5):
+            near = [s for s in range(5) if s != t and abs(s - t) <= 1 and valid[r, s]]
+            mass = [float(own[r, s].sum()) for s in near]
+            log_near = sum(m * (own[r, s] / m).clamp(min=1e-6).log() for s, m in zip(near, mass))
+            expected[r, t] = own[r, t] + (1 - own[r, t].sum()) * min(1.0, sum(mass)) * log_near.softmax(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert float(own[0, 2].sum()) < 0.05
+    assert float(got[0, 2, 1]) > 0.9  # the region both neighbours name
+    summed = total.alignment_weights(words, [classes, attributes], candidates, valid)
+    assert float(summed[0, 2, 0]) > 0.2 and float(summed[0, 2, 2]) > 0.2
+    none = emb.alignment_weights(words, [classes, attributes], torch.zeros_like(candidates), valid)
+    assert torch.equal(none, torch.zeros_like(none))
+    with pytest.raises(ValueError, match="alignment_neighbour_combine"):
+        VLBert(model_config("tiny", updates={**words_cfg, "alignment_neighbour_combine": "max"}))
+
+
 def test_rows_without_aligned_words_are_the_model_without_alignment(tiny_cfg):
     """aligned_words [B]: a False row is what the same weights give with region_word_alignment off (its words
     take no region words; its region tokens keep their names), a True row what they give with every row
