@@ -12,6 +12,11 @@ replaced by the training mean (the evaluator's ablation); shares with 95% interv
 and shapes of its objects not under the grey cloth, the referent's own included (a right answer is counted as
 right, not as "in the picture").
 
+Beside the outcomes, accuracy with the image split by what the phrase's other words pin down (session 60): every
+named object is "a SIZE COLOUR SHAPE"; a masked shape word's colour names one object of the picture ("the adjacent
+word alone"), or several of which the size and colour together name one ("size + adjacent word"), or several even
+together ("neither"); a masked colour word the same with its shape (the word after it).
+
     python docs/grounding_demo/word_errors.py EXPORT [EXPORT ...] [--out FILE.md] [max_images=100]
     python docs/grounding_demo/word_errors.py FILE.json     # re-plot a saved result
 """
@@ -34,11 +39,12 @@ from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from model.vl_bert import assemble_text  # noqa: E402
 from shards.collate import pad_ids  # noqa: E402
-from shards.shapes_world import CLASS_NAMES, COLOURS  # noqa: E402
+from shards.shapes_world import CLASS_NAMES, COLOURS, SIZES  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
 HELD_OUT = "launch/configs/heldout_demo.yaml"
 OUTCOMES = ("right", "another in the picture", "none in the picture", "not a word of the kind")
+PINNED = ("the adjacent word alone", "size + adjacent word", "neither")
 
 
 def single_piece(tokenizer, words) -> dict[int, str]:
@@ -51,6 +57,19 @@ def single_piece(tokenizer, words) -> dict[int, str]:
     return out
 
 
+def pinned_by(tokenizer, sentence, word: int, cat: str, shown: list[dict]) -> int:
+    """Index into PINNED: how many of the picture's shown objects the phrase's adjacent word (a shape's colour, a
+    colour's shape) names, alone and with the size word; -1 when the phrase is not "SIZE COLOUR SHAPE"."""
+    def text(i):
+        return tokenizer.decode([t for t, w in zip(sentence.ids.tolist(), sentence.word_ids) if w == i]).strip()
+    size, adjacent = (text(word - 2), text(word - 1)) if cat == "shape" else (text(word - 1), text(word + 1))
+    key = "colour" if cat == "shape" else "category"
+    if size not in SIZES or adjacent not in (COLOURS if cat == "shape" else CLASS_NAMES):
+        return -1
+    alone = [o for o in shown if o[key] == adjacent]
+    return 0 if len(alone) == 1 else 1 if sum(o["size"] == size for o in alone) == 1 else 2
+
+
 def analyse(path: str, cfg: GroundingConfig) -> dict:
     model = load_pretrained(path).eval()
     tokenizer = load_tokenizer(path)
@@ -59,7 +78,7 @@ def analyse(path: str, cfg: GroundingConfig) -> dict:
     kinds = {"colour": single_piece(tokenizer, COLOURS), "shape": single_piece(tokenizer, CLASS_NAMES)}
     scenes = [json.loads(line) for line in (Path(cfg.flickr_root).parent / "scenes.jsonl").read_text().splitlines()]
     whole_mean, region_mean = training_means(vb)
-    rows_out = {k: {c: [] for c in ("image", "ablated", "cluster", "guess")} for k in kinds}
+    rows_out = {k: {c: [] for c in ("image", "ablated", "cluster", "guess", "pinned")} for k in kinds}
     with torch.no_grad():
         for k, item in enumerate(ev.data.images):
             scene = scenes[int(item.image_id)]
@@ -69,7 +88,7 @@ def analyse(path: str, cfg: GroundingConfig) -> dict:
             app, boxes_norm = ev._visual(vb, image, boxes, None, "cpu")
             n = len(boxes)
             mean_app = torch.cat([whole_mean.view(1, -1), region_mean.expand(n, -1)], 0).unsqueeze(0).to(app.dtype)
-            rows, kind_of = [], []
+            rows, kind_of, pinned = [], [], []
             for s in item.sentences:
                 for word, cat in s.categories:
                     pieces = torch.tensor([w == word for w in s.word_ids])
@@ -77,6 +96,7 @@ def analyse(path: str, cfg: GroundingConfig) -> dict:
                     if cat in kinds and len(target) == 1 and int(target[0]) in kinds[cat]:
                         rows.append((s.ids, pieces))
                         kind_of.append(cat)
+                        pinned.append(pinned_by(tokenizer, s, word, cat, shown))
             if not rows:
                 continue
             ids, valid = pad_ids([r[0] for r in rows])
@@ -103,6 +123,7 @@ def analyse(path: str, cfg: GroundingConfig) -> dict:
                         outcome = 3
                     rows_out[cat][condition].append(outcome)
                 rows_out[cat]["cluster"].append(k)
+                rows_out[cat]["pinned"].append(pinned[j])
                 truth = names[int(labels[j])]
                 rows_out[cat]["guess"].append(1 / len(present[cat]) if truth in present[cat] else 0.0)
     result = {"export": path, "images": len(ev.data.images)}
@@ -113,6 +134,11 @@ def analyse(path: str, cfg: GroundingConfig) -> dict:
             result[f"{cat}/{condition}"] = {name: clustered_bootstrap((o == i).astype(float), cluster)
                                             for i, name in enumerate(OUTCOMES)}
         result[f"{cat}/n"] = len(cluster)
+        right, group = np.asarray(v["image"]) == 0, np.asarray(v["pinned"])
+        for i, name in enumerate(PINNED):
+            sel = group == i
+            result[f"{cat}/pinned/{name}"] = {"n": int(sel.sum()), **(
+                clustered_bootstrap(right[sel].astype(float), cluster[sel]) if sel.any() else {})}
         # a reader of the picture's colours (shapes) that binds the word to none of its objects: one at random
         result[f"{cat}/picture_at_random"] = clustered_bootstrap(np.asarray(v["guess"]), cluster)
     return result
@@ -130,6 +156,16 @@ def markdown(results: list[dict]) -> str:
                 guess = f"{g['mean']:.3f} [{g['ci95'][0]:.3f}, {g['ci95'][1]:.3f}]" if condition == "image" else ""
                 lines.append(f"| {res['export']} | {cat} | {condition} | {res[f'{cat}/n']} | " + " | ".join(cells)
                              + f" | {guess} |")
+    lines += ["", "With the image, by what the phrase's other words pin down (accuracy, 95% interval; n):", "",
+              "| export | word | " + " | ".join(PINNED) + " |", "|---" * (2 + len(PINNED)) + "|"]
+    for res in results:
+        for cat in ("colour", "shape"):
+            cells = []
+            for name in PINNED:
+                g = res.get(f"{cat}/pinned/{name}", {"n": 0})
+                cells.append(f"{g['mean']:.3f} [{g['ci95'][0]:.3f}, {g['ci95'][1]:.3f}]; {g['n']}" if g["n"]
+                             else "-; 0")
+            lines.append(f"| {res['export']} | {cat} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
