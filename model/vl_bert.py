@@ -283,11 +283,11 @@ class VLBertEmbeddings(nn.Module):
         else:  # product: each neighbour's region distribution p_s, raised to the mass m_s it names with
             mass = source.sum(-1, keepdim=True)  # [B, T + 2k, 1]
             log_p = (source / mass.clamp(min=1e-12)).clamp(min=1e-6).log()
-            log_near = sum(mass[:, k + o:k + o + t] * log_p[:, k + o:k + o + t] for o in offsets)
-            log_near = log_near.masked_fill(~candidates.unsqueeze(1), float("-inf"))
+            views = [(mass[:, k + o:k + o + t], log_p[:, k + o:k + o + t]) for o in offsets]
+            log_near = sum(m * lp for m, lp in views).masked_fill(~candidates.unsqueeze(1), float("-inf"))
             any_region = candidates.any(-1)[:, None, None]  # a row without regions takes none (and no NaN)
             near = torch.where(any_region, log_near.masked_fill(~any_region, 0.0).softmax(-1), 0.0)
-            near = near * sum(mass[:, k + o:k + o + t] for o in offsets).clamp(max=1.0)
+            near = near * sum(m for m, _ in views).clamp(max=1.0)
         return weights + (1.0 - weights.sum(-1, keepdim=True)) * near
 
     def text_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
