@@ -84,8 +84,12 @@ def fmt(s: dict) -> str:
 
 
 args = sys.argv[1:]
-out_path = Path(args[args.index("--out") + 1]) if "--out" in args else None
-exports = [a for i, a in enumerate(args) if "=" not in a and a != "--out" and (i == 0 or args[i - 1] != "--out")]
+out_path = None
+if "--out" in args:
+    at = args.index("--out")
+    out_path = Path(args[at + 1])
+    del args[at:at + 2]
+exports = [a for a in args if "=" not in a]
 overrides = [a for a in args if "=" in a]
 torch.set_num_threads(1)
 results = [measure(p, overrides) for p in exports]
