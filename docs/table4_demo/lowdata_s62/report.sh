@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The paired reports and the figure for docs/table4_demo/lowdata_s62/run.sh's runs (OUT, default runs/lowdata).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+out="${OUT:-runs/lowdata}"
+here=docs/table4_demo/lowdata_s62
+paired=docs/table4_demo/refcoco_start/paired.py
+for n in ${VQA_SIZES:-15 50 150}; do
+  python "$paired" --task vqa --runs "$out/vqa" --images "$n" --base none --row pretrained > "$here/vqa_img$n.json"
+done
+[ -d "$out/refcoco" ] && python "$paired" --runs "$out/refcoco" --images 15 --base none --row pretrained \
+  > "$here/refcoco_img15.json"
+[ -d "$out/vcr" ] && python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained \
+  > "$here/vcr_img150.json"
+python "$here/plot.py"
