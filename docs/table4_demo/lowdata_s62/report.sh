@@ -8,8 +8,10 @@ paired=docs/table4_demo/refcoco_start/paired.py
 for n in ${VQA_SIZES:-15 50 150}; do
   python "$paired" --task vqa --runs "$out/vqa" --images "$n" --base none --row pretrained > "$here/vqa_img$n.json"
 done
-[ -d "$out/refcoco" ] && python "$paired" --runs "$out/refcoco" --images 15 --base none --row pretrained \
-  > "$here/refcoco_img15.json"
-[ -d "$out/vcr" ] && python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained \
-  > "$here/vcr_img150.json"
+if [ -d "$out/refcoco" ]; then
+  python "$paired" --runs "$out/refcoco" --images 15 --base none --row pretrained > "$here/refcoco_img15.json"
+fi
+if [ -d "$out/vcr" ]; then
+  python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained > "$here/vcr_img150.json"
+fi
 python "$here/plot.py"

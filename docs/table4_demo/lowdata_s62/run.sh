@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Table 4's pretrained-vs-none pair from the quick start's default (session 62) with little labelled data, three
 # finetuning seeds per cell: VQA on the questions of N training images (~300 steps of 32 at every N: epochs =
-# 300 x 32 / (5 N)), RefCOCO+ gt boxes on 15 images (100 epochs), VCR Q->A on 150 images (17 epochs, ~306 steps
-# of 16). Rows: pretrained = runs/demo/export (bash launch/pretrain.sh), none = runs/demo_step0/export (its step 0,
+# 300 x 32 / (5 N)), RefCOCO+ gt boxes on 15 images (100 epochs), and with STEPS=vcr VCR Q->A on 150 images
+# (17 epochs, ~306 steps of 16). Rows: pretrained = runs/demo/export (bash launch/pretrain.sh), none = runs/demo_step0/export (its step 0,
 # built by RECIPE=demo launch/table4.sh). Runs land in the layout docs/table4_demo/refcoco_start/paired.py reads:
 # $OUT/<task>/img<N>_s<seed>/<row>; a cell whose metrics are there is skipped.
 #   bash docs/table4_demo/lowdata_s62/run.sh       OUT (runs/lowdata), VQA_SIZES ("15 50 150"), SEEDS ("0 1 2"),
@@ -13,7 +13,8 @@ cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/lowdata}"
 declare -A export=([pretrained]=runs/demo/export [none]=runs/demo_step0/export)
 for row in "${!export[@]}"; do
-  [ -f "${export[$row]}/model.safetensors" ] || { echo "lowdata: ${export[$row]} missing (RECIPE=demo TASKS= bash launch/table4.sh pretrained none)" >&2; exit 2; }
+  # launch/table4.sh pretrains a missing row before its first task; an empty TASKS would mean its default, all tasks
+  [ -f "${export[$row]}/model.safetensors" ] || { echo "lowdata: ${export[$row]} missing (pretrained: bash launch/pretrain.sh; none: RECIPE=demo TASKS=vqa bash launch/table4.sh none)" >&2; exit 2; }
 done
 for step in ${STEPS:-vqa refcoco}; do
   for seed in ${SEEDS:-0 1 2}; do
