@@ -30,10 +30,12 @@ def main() -> int:
             got = report_panels(path)
             panels[f"VQA overall\n{n} images"] = got["VQA overall"]
             panels[f"VQA other\n{n} images"] = got["VQA other (colour, shape)"]
-    for name, label in (("refcoco_img15", "RefCOCO+ gt\n15 images"), ("vcr_img150", "VCR Q->A\n150 images")):
+    for name, label in (("refcoco_img15", "RefCOCO+ gt\n15 images"),
+                        ("refcoco_detected_img15", "RefCOCO+ detected\n15 images"),
+                        ("vcr_img150", "VCR Q->A\n150 images")):
         if (HERE / f"{name}.json").exists():
             panels[label] = next(iter(report_panels(HERE / f"{name}.json").values()))
-    fig, ax = plt.subplots(figsize=(12.5, 4.6))
+    fig, ax = plt.subplots(figsize=(14, 4.6))
     bars(ax, panels, ROWS, "Finetuned with little labelled data, 3 finetuning seeds each "
                            "(seed-averaged, 95% interval by image)")
     save(fig, HERE)

@@ -11,6 +11,10 @@ done
 if [ -d "$out/refcoco" ]; then
   python "$paired" --runs "$out/refcoco" --images 15 --base none --row pretrained > "$here/refcoco_img15.json"
 fi
+if [ -d "$out/refcoco_detected" ]; then
+  python "$paired" --runs "$out/refcoco_detected" --images 15 --base none --row pretrained \
+    > "$here/refcoco_detected_img15.json"
+fi
 if [ -d "$out/vcr" ]; then
   python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained > "$here/vcr_img150.json"
 fi

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Table 4's pretrained-vs-none pair from the quick start's default (session 62) with little labelled data, three
 # finetuning seeds per cell: VQA on the questions of N training images (~300 steps of 32 at every N: epochs =
-# 300 x 32 / (5 N)), RefCOCO+ gt boxes on 15 images (100 epochs), and with STEPS=vcr VCR Q->A on 150 images
-# (17 epochs, ~306 steps of 16). Rows: pretrained = runs/demo/export (bash launch/pretrain.sh), none = runs/demo_step0/export (its step 0,
-# built by RECIPE=demo launch/table4.sh). Runs land in the layout docs/table4_demo/refcoco_start/paired.py reads:
+# 300 x 32 / (5 N)), RefCOCO+ gt boxes on 15 images (100 epochs); with STEPS=vcr VCR Q->A on 150 images (17 epochs,
+# ~306 steps of 16) and with STEPS=refcoco_detected RefCOCO+ on the detector's boxes (15 images, 100 epochs).
+# Rows: pretrained = runs/demo/export (bash launch/pretrain.sh), none = runs/demo_step0/export (its step 0, built by
+# RECIPE=demo launch/table4.sh). Runs land in the layout docs/table4_demo/refcoco_start/paired.py reads:
 # $OUT/<task>/img<N>_s<seed>/<row>; a cell whose metrics are there is skipped.
 #   bash docs/table4_demo/lowdata_s62/run.sh       OUT (runs/lowdata), VQA_SIZES ("15 50 150"), SEEDS ("0 1 2"),
-#                                                  STEPS ("vqa refcoco"; "vcr" too: ~12 min a run on
-#                                                  session 62's 2 cores, not run there)
+#                                                  STEPS ("vqa refcoco"; also "vcr": ~5-12 min a run on
+#                                                  2 cores, and "refcoco_detected", both run in session 63)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/lowdata}"
@@ -33,6 +34,11 @@ for step in ${STEPS:-vqa refcoco}; do
           [ -f "$dir/metrics_val.json" ] && continue
           RUNS="$out/refcoco" bash launch/finetune_refcoco.sh backbone.init="${export[$row]}" engine.run_dir="$dir" \
             track=gt train_images=15 epochs=100 seed="$seed" ;;
+        refcoco_detected)  # the same 15 images and budget on the detector's boxes (session 63)
+          dir="$out/refcoco_detected/img15_s$seed/$row"
+          [ -f "$dir/metrics_val.json" ] && continue
+          RUNS="$out/refcoco_detected" bash launch/finetune_refcoco.sh backbone.init="${export[$row]}" \
+            engine.run_dir="$dir" track=detected train_images=15 epochs=100 seed="$seed" ;;
         vcr)
           dir="$out/vcr/img150_s$seed/$row"
           [ -f "$dir/qa/metrics_val.json" ] && continue

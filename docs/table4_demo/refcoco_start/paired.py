@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from diagnostics.statistics import clustered_bootstrap, paired_test, summarise  # noqa: E402
-from finetune.table4 import refcoco_metrics, vcr_metrics, vqa_metrics  # noqa: E402
+from finetune.table4 import refcoco_metrics, run_config, vcr_metrics, vqa_metrics  # noqa: E402
 
 KEEP = ("n", "mean_diff", "ci95", "clusters", "p_bootstrap")
 RUNS = {"refcoco": "runs/nc_long/refcoco", "vqa": "runs/nc_long/vqa", "vcr": "runs/nc_long/vcr"}
@@ -39,7 +39,9 @@ def metrics_of(task: str, run: Path) -> tuple[dict, dict[str, float]]:
     """({metric: Examples}, {metric: its prior or chance})."""
     if task == "vcr":  # launch/finetune_vcr.sh's runs under the row's folder: qa, and qar where it was run
         return vcr_metrics({sub: run / sub for sub in ("qa", "qar") if (run / sub).is_dir()})
-    return vqa_metrics(run) if task == "vqa" else refcoco_metrics(run, "gt")
+    if task == "vqa":
+        return vqa_metrics(run)
+    return refcoco_metrics(run, run_config(run).get("track", "gt"))  # gt or detected, as the run was trained
 
 
 def seed_accuracies(task: str, runs: Path, images_trained: str, row: str,
