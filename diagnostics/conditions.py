@@ -129,6 +129,12 @@ class Ablator:
         `whole`) set to the fill's averages; the rest computed without the ablated regions' pixels."""
         if self.region_mean is None:
             raise RuntimeError("Ablator.fit_means must run before ablating")
+        if self.vb.cfg.image_ablated:
+            # a model that reads no image (the image-ablated control) has nothing to ablate: every condition gives
+            # it the grey input it trained on, where an average region would be an input it never saw
+            appearance, boxes_norm, _ = self.vb.region_features(boxes=b["boxes"], box_mask=b["box_mask"],
+                                                                **self._visual_kwargs(b))
+            return appearance, boxes_norm
         bsz, n = ablated.shape
         mean = torch.cat([self.whole_mean.unsqueeze(0), self.region_mean.expand(n, -1)], 0)  # [1+N, F]
         if whole and bool((ablated == b["box_mask"]).all()):  # nothing of the image is left: no CNN to run

@@ -297,6 +297,13 @@ class VLBertConfig:
     # (`masking.ablate_image` sets it), as grey pixels are its appearance. Boxes are image content: a control
     # that reads them names size words from them (docs/ABLATION.md, session 23).
     region_geometry: str = "boxes"
+    # The image-ablated control's model (`masking.ablate_image` sets it): it reads no image. Every image it is
+    # given becomes the grey it was trained on (the Fast R-CNN's pixel mean) and precomputed features zeros
+    # (`VLBert.region_features`), so at evaluation a real image is not an input no training step showed; the
+    # cross-modal diagnostic gives it that input in every visual condition (it has nothing to ablate). Fed real images, a control trained on grey ones read them through channels
+    # its standardiser had learnt as near constant (amplified ~200-fold) and through its region words, and its
+    # V4L all - none came out at -0.067 bits [-0.082, -0.052] (docs/ABLATION.md, sessions 63-64).
+    image_ablated: bool = False
     # "pixels": the Fast R-CNN is part of the model and trained end to end (VL-BERT); "features": the
     # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m pretrain.features`),
     # and `fast_rcnn` describes that extractor (its weights file is kept, so evaluation can rerun it)

@@ -431,15 +431,28 @@ class VLBert(nn.Module):
 
     # -- the visual input ----------------------------------------------------------------------------
 
+    def ablated_image(self, images: torch.Tensor) -> torch.Tensor:
+        """What an image-ablated model (`image_ablated`) reads of `images`: the grey the masker trained it on
+        (`masking.ablate_image`: the pixel mean, rounded to the images' integer levels), same shape and sizes."""
+        # from the config, not the pixel_mean buffer, which a bf16 engine casts
+        grey = (torch.tensor(self.cfg.fast_rcnn.pixel_mean, dtype=torch.float32) * 255).round().view(1, 3, 1, 1)
+        return grey.to(device=images.device, dtype=images.dtype).expand_as(images).clone()
+
     def region_features(self, *, images=None, image_sizes=None, boxes=None, box_mask=None, masked_regions=None,
                         region_features=None, image_hw=None, class_logits: bool = False, region_masks=None):
         """Appearance [B, 1+N, F], normalised boxes [B, 1+N, 4] and object logits, from pixels (end to
         end) or from precomputed [B, N, F] features. Element 0 is the whole image: in precomputed mode
         its appearance is the mean of the unmasked regions' features, and masked regions are zeroed.
         images / region_features may hold B/K rows for B rows of boxes: rows k*(B/K) + i share image i.
-        region_masks [B, N, S, S]: instance masks weighting each region's res5 map (`FastRCNN.forward`)."""
+        region_masks [B, N, S, S]: instance masks weighting each region's res5 map (`FastRCNN.forward`).
+        An image-ablated model (`image_ablated`) reads grey images and zero features here, whatever it is given."""
         if masked_regions is None:
             masked_regions = torch.zeros_like(box_mask)
+        if self.cfg.image_ablated:
+            if images is not None:
+                images = self.ablated_image(images)
+            if region_features is not None:
+                region_features = torch.zeros_like(region_features)
         rows = (images if region_features is None else region_features).shape[0]
         views = box_mask.shape[0] // rows
         if views * rows != box_mask.shape[0]:

@@ -78,6 +78,8 @@ def build_model_config(cfg: PretrainConfig):
     updates = cfg.model
     if cfg.masking.ablate_image and "region_geometry" not in updates:
         updates = {**updates, "region_geometry": "whole_image"}
+    if cfg.masking.ablate_image and "image_ablated" not in updates:
+        updates = {**updates, "image_ablated": True}
     if cfg.bert:
         out = config_from_hf(bert_source_dir(cfg.bert), cfg.model_preset, updates=updates)
     else:

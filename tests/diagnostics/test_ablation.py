@@ -426,6 +426,24 @@ def test_grey_condition_is_the_image_at_the_pixel_mean():
         ablator.vision_for_language(features, "grey")
 
 
+def test_an_image_ablated_model_has_nothing_to_ablate():
+    """The image-ablated control (`model.image_ablated`) reads every image as grey: the diagnostic gives it that
+    input in every visual condition, so none, object and all are one value, the `grey` condition's; the same
+    weights without the flag read the real image and its average regions apart (the test can fail)."""
+    torch.manual_seed(0)
+    blind = VLBertForPretraining(model_config("tiny", updates={"fast_rcnn": {"roi_output_size": 4},
+                                                               "image_ablated": True})).eval()
+    sighted = _model()
+    blind.load_state_dict(sighted.state_dict())
+    b = _batch()
+    blind_ab, sighted_ab = _fitted(blind, b), _fitted(sighted, b)
+    none = blind_ab.vision_for_language(b, "none")
+    for condition in ("object", "all"):
+        torch.testing.assert_close(blind_ab.vision_for_language(b, condition), none, rtol=0, atol=0)
+        assert not torch.allclose(sighted_ab.vision_for_language(b, condition), sighted_ab.vision_for_language(b, "none"))
+    torch.testing.assert_close(sighted_ab.vision_for_language(b, "grey"), none)
+
+
 def test_periodic_evaluators_run_on_a_module_in_deepspeed_bf16_mode(demo_corpus):
     """DeepSpeed's bf16 casts the module, and the engine's periodic evaluators get that module: the diagnostic's
     fills (fp32 averages) and the grounding eval's inputs must meet bf16 weights (an H200 run failed here), and

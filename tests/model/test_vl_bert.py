@@ -601,6 +601,39 @@ def test_whole_image_geometry_reads_every_region_as_the_whole_image(tiny_model, 
         VLBert(model_config("tiny", updates={"region_geometry": "none"}))
 
 
+def test_an_image_ablated_model_reads_every_image_as_the_grey_it_trained_on():
+    """image_ablated (the image-ablated control): the outputs are those of the same weights given, by hand, the
+    grey the masker trains it on (ImageNet's pixel mean x 255, rounded: 124, 116, 104) in place of each image, so
+    another image changes nothing, in the forward pass and in the region features a diagnostic edits; without the
+    flag it does (the test can fail). Precomputed features read as zeros."""
+    updates = {"region_class_words": [[20 + i] for i in range(9)]}
+    torch.manual_seed(0)
+    blind = VLBertForPretraining(model_config("tiny", updates={**updates, "image_ablated": True})).eval()
+    sighted = VLBertForPretraining(model_config("tiny", updates=updates)).eval()
+    sighted.load_state_dict(blind.state_dict())
+    for model in (blind, sighted):  # open the visual gates, which start at zero
+        for ln in (model.vl_bert.embeddings.visual_ln_text, model.vl_bert.embeddings.visual_ln_object):
+            torch.nn.init.ones_(ln.weight)
+    batch, other = make_batch(0), make_batch(1)
+    other = dict(batch, images=other["images"])
+    grey = dict(batch, images=torch.tensor([124, 116, 104], dtype=torch.uint8).view(1, 3, 1, 1)
+                .expand_as(batch["images"]).clone())
+    with torch.no_grad():
+        out = run(blind, batch).last_hidden_state
+        torch.testing.assert_close(run(blind, other).last_hidden_state, out, rtol=0, atol=0)
+        torch.testing.assert_close(run(sighted, grey).last_hidden_state, out, rtol=0, atol=0)
+        assert not torch.allclose(run(sighted, batch).last_hidden_state, run(sighted, other).last_hidden_state)
+        boxes = {k: batch[k] for k in ("boxes", "box_mask")}
+        blind_features = blind.vl_bert.region_features(images=batch["images"], image_sizes=batch["image_sizes"], **boxes)
+        grey_features = sighted.vl_bert.region_features(images=grey["images"], image_sizes=batch["image_sizes"], **boxes)
+        for got, want in zip(blind_features, grey_features):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        stored = torch.randn(2, 4, blind.cfg.precomputed_feature_size)
+        zeros = blind.vl_bert.region_features(region_features=stored, image_hw=batch["image_sizes"], **boxes)[0]
+        assert not zeros.any()
+        assert sighted.vl_bert.region_features(region_features=stored, image_hw=batch["image_sizes"], **boxes)[0].any()
+
+
 def test_region_words_are_checked_against_the_detector(tiny_cfg):
     with pytest.raises(ValueError, match="names 2 classes, fast_rcnn.num_classes is 9"):
         VLBert(model_config("tiny", updates={"region_class_words": [[8], [9]]}))

@@ -47,6 +47,9 @@ def test_the_image_ablated_control_reads_no_boxes():
     assert build_model_config(control).region_geometry == "whole_image"
     kept = load_config(PretrainConfig, demo, ["masking.ablate_image=true", "model.region_geometry=boxes"])
     assert build_model_config(kept).region_geometry == "boxes"
+    # and it reads no image: every one it meets at evaluation is the grey it trained on (model.image_ablated)
+    assert not build_model_config(load_config(PretrainConfig, demo)).image_ablated
+    assert build_model_config(control).image_ablated and build_model_config(kept).image_ablated
 
 
 def test_alignment_drop_needs_the_alignment():
