@@ -5,9 +5,12 @@ cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/lowdata}"
 here=docs/table4_demo/lowdata_s62
 paired=docs/table4_demo/refcoco_start/paired.py
-for n in ${VQA_SIZES:-15 50 150}; do
-  python "$paired" --task vqa --runs "$out/vqa" --images "$n" --base none --row pretrained > "$here/vqa_img$n.json"
-done
+# each report only from runs that are there: a checkout without them keeps the committed reports
+if [ -d "$out/vqa" ]; then
+  for n in ${VQA_SIZES:-15 50 150}; do
+    python "$paired" --task vqa --runs "$out/vqa" --images "$n" --base none --row pretrained > "$here/vqa_img$n.json"
+  done
+fi
 if [ -d "$out/refcoco" ]; then
   python "$paired" --runs "$out/refcoco" --images 15 --base none --row pretrained > "$here/refcoco_img15.json"
 fi
