@@ -300,9 +300,10 @@ class VLBertConfig:
     # The image-ablated control's model (`masking.ablate_image` sets it): it reads no image. Every image it is
     # given becomes the grey it was trained on (the Fast R-CNN's pixel mean) and precomputed features zeros
     # (`VLBert.region_features`), so at evaluation a real image is not an input no training step showed; the
-    # cross-modal diagnostic gives it that input in every visual condition (it has nothing to ablate). Fed real images, a control trained on grey ones read them through channels
-    # its standardiser had learnt as near constant (amplified ~200-fold) and through its region words, and its
-    # V4L all - none came out at -0.067 bits [-0.082, -0.052] (docs/ABLATION.md, sessions 63-64).
+    # cross-modal diagnostic gives it that input in every visual condition (it has nothing to ablate). Fed real
+    # images, a control trained on grey ones read them through channels its standardiser had learnt as near
+    # constant (amplified ~200-fold) and through its region words: V4L all - none -0.067 bits [-0.081, -0.052]
+    # (docs/ABLATION.md, sessions 63-64).
     image_ablated: bool = False
     # "pixels": the Fast R-CNN is part of the model and trained end to end (VL-BERT); "features": the
     # model reads region features a frozen Fast R-CNN wrote beforehand (`python -m pretrain.features`),

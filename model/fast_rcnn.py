@@ -40,6 +40,11 @@ from .boxes import scale_features, with_whole_image
 from .config import FastRCNNConfig
 
 
+def grey_of(pixel_mean) -> torch.Tensor:
+    """uint8 [1, 3, 1, 1]: the pixel mean, 0 after the detector's normalisation (up to uint8 rounding)."""
+    return (torch.as_tensor(pixel_mean, dtype=torch.float32) * 255).round().to(torch.uint8).view(1, 3, 1, 1)
+
+
 def pixel_mask(boxes: torch.Tensor, masked: torch.Tensor, image_sizes: torch.Tensor, height: int, width: int
                ) -> torch.Tensor:
     """[B, H, W] bool: True where a pixel lies in any masked box, or in the padding outside the image.

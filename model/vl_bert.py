@@ -25,7 +25,7 @@ from .boxes import normalise, with_whole_image
 from .config import VLBertConfig
 from .dropout import Dropout
 from .encoder import BertEncoder, KVCache
-from .fast_rcnn import FastRCNN
+from .fast_rcnn import FastRCNN, grey_of
 from .heads import BertPooler, MaskedLanguageModelingHead, MaskedRoIClassificationHead
 
 SEGMENT_A, SEGMENT_B, SEGMENT_C = 0, 1, 2
@@ -435,7 +435,7 @@ class VLBert(nn.Module):
         """What an image-ablated model (`image_ablated`) reads of `images`: the grey the masker trained it on
         (`masking.ablate_image`: the pixel mean, rounded to the images' integer levels), same shape and sizes."""
         # from the config, not the pixel_mean buffer, which a bf16 engine casts
-        grey = (torch.tensor(self.cfg.fast_rcnn.pixel_mean, dtype=torch.float32) * 255).round().view(1, 3, 1, 1)
+        grey = grey_of(self.cfg.fast_rcnn.pixel_mean)
         return grey.to(device=images.device, dtype=images.dtype).expand_as(images).clone()
 
     def region_features(self, *, images=None, image_sizes=None, boxes=None, box_mask=None, masked_regions=None,

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from model.fast_rcnn import pixel_mask
+from model.fast_rcnn import grey_of, pixel_mask  # noqa: F401 (grey_of: the readers' and evaluators' grey)
 
 from .collate import pad_images
 from .decode import _box_scale, decode_resized, resized_size
@@ -71,11 +71,6 @@ def collate_visual(items: list[tuple[torch.Tensor | None, torch.Tensor]]) -> dic
         return {"boxes": boxes, "box_mask": mask}
     images, sizes = pad_images([im for im, _ in items], SIZE_DIVISIBILITY)
     return {"images": images, "image_sizes": sizes, "boxes": boxes, "box_mask": mask}
-
-
-def grey_of(pixel_mean) -> torch.Tensor:
-    """uint8 [1, 3, 1, 1]: the pixel mean, 0 after the detector's normalisation (up to uint8 rounding)."""
-    return (torch.as_tensor(pixel_mean, dtype=torch.float32) * 255).round().to(torch.uint8).view(1, 3, 1, 1)
 
 
 def grey_resampling_rings(images: torch.Tensor, boxes: torch.Tensor, zeroed: torch.Tensor,

@@ -440,7 +440,8 @@ def test_an_image_ablated_model_has_nothing_to_ablate():
     none = blind_ab.vision_for_language(b, "none")
     for condition in ("object", "all"):
         torch.testing.assert_close(blind_ab.vision_for_language(b, condition), none, rtol=0, atol=0)
-        assert not torch.allclose(sighted_ab.vision_for_language(b, condition), sighted_ab.vision_for_language(b, "none"))
+        assert not torch.allclose(sighted_ab.vision_for_language(b, condition),
+                                  sighted_ab.vision_for_language(b, "none"))
     torch.testing.assert_close(sighted_ab.vision_for_language(b, "grey"), none)
 
 

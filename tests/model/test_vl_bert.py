@@ -624,8 +624,9 @@ def test_an_image_ablated_model_reads_every_image_as_the_grey_it_trained_on():
         torch.testing.assert_close(run(sighted, grey).last_hidden_state, out, rtol=0, atol=0)
         assert not torch.allclose(run(sighted, batch).last_hidden_state, run(sighted, other).last_hidden_state)
         boxes = {k: batch[k] for k in ("boxes", "box_mask")}
-        blind_features = blind.vl_bert.region_features(images=batch["images"], image_sizes=batch["image_sizes"], **boxes)
-        grey_features = sighted.vl_bert.region_features(images=grey["images"], image_sizes=batch["image_sizes"], **boxes)
+        sizes = batch["image_sizes"]
+        blind_features = blind.vl_bert.region_features(images=batch["images"], image_sizes=sizes, **boxes)
+        grey_features = sighted.vl_bert.region_features(images=grey["images"], image_sizes=sizes, **boxes)
         for got, want in zip(blind_features, grey_features):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
         stored = torch.randn(2, 4, blind.cfg.precomputed_feature_size)
