@@ -184,6 +184,10 @@ class GroundingEval:
             b = boxes.unsqueeze(0).to(device)
             box_mask = torch.ones(1, n, dtype=torch.bool, device=device)
             mean_app = torch.cat([whole_mean.view(1, -1), region_mean.expand(n, -1)], 0).unsqueeze(0).to(app.dtype)
+            if vb.cfg.image_ablated:
+                # a model that reads no image has nothing to ablate: its "ablated" input is the grey one it reads
+                # (as `conditions.Ablator.visual` gives it), where an average region would be an input new to it
+                mean_app = app
             # masked words: one row per (sentence, category word), both visual conditions
             rows, cats = [], []
             for s in item.sentences:

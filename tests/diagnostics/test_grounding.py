@@ -124,3 +124,44 @@ def test_hidden_regions_in_the_grounding_eval_leave_nothing_of_the_object(monkey
     torch.testing.assert_close(seen(a), seen(b), atol=0, rtol=0)
     monkeypatch.setattr(grounding, "grey_resampling_rings", lambda images, *args: images)
     assert (seen(a) - seen(b)).abs().amax() > 1e-3
+
+
+def test_an_image_ablated_model_is_given_its_own_input_as_ablated(demo_corpus):
+    """The grounding table's `ablated` column: the cross-modal `all` fill for a model that reads the image, and for
+    the image-ablated control (`model.image_ablated`, which reads every image as grey) the input it reads anyway,
+    so its image - ablated difference is 0 by construction, as in the cross-modal diagnostic. Checked on the
+    visual input the model is called with: both halves of the batch equal for the blind model, apart for the same
+    weights without the flag."""
+    from diagnostics.config import GroundingConfig
+    from diagnostics.grounding import GroundingEval
+    from model.config import model_config
+    from model.vl_bert import VLBertForPretraining
+    from shards.tokenizer import load_tokenizer
+
+    raw = demo_corpus / "raw"
+    evaluator = GroundingEval(GroundingConfig(
+        flickr_root=str(raw / "flickr30k_entities"), images=str(raw / "images"),
+        boxes=str(raw / "flickr30k_entities" / "boxes_val.jsonl"), short_side=64, long_side=96, max_images=1),
+        load_tokenizer(None))
+    updates = {"vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103,
+               "fast_rcnn": {"roi_output_size": 4}}
+    torch.manual_seed(0)
+    sighted = VLBertForPretraining(model_config("tiny", updates=updates)).eval()
+    blind = VLBertForPretraining(model_config("tiny", updates={**updates, "image_ablated": True})).eval()
+    blind.load_state_dict(sighted.state_dict())
+    for model, same in ((blind, True), (sighted, False)):
+        seen = []
+
+        def keep(module, args, kwargs, seen=seen):
+            if kwargs.get("visual_input") is not None and kwargs["visual_input"][0].shape[0] % 2 == 0:
+                seen.append(kwargs["visual_input"][0])
+
+        handle = model.vl_bert.register_forward_pre_hook(keep, with_kwargs=True)
+        try:
+            evaluator(model, "cpu", progress=False)
+        finally:
+            handle.remove()
+        assert seen, "no masked-word batch was scored"
+        for visual in seen[:1]:  # the first call is the masked words': image rows, then ablated rows
+            image, ablated = visual.chunk(2)
+            assert torch.equal(image, ablated) is same
