@@ -2,7 +2,8 @@
 # Table 4's pretrained-vs-none pair from the quick start's default (session 62) with little labelled data, three
 # finetuning seeds per cell: VQA on the questions of N training images (~300 steps of 32 at every N: epochs =
 # 300 x 32 / (5 N)), RefCOCO+ gt boxes on 15 images (100 epochs); with STEPS=vcr VCR Q->A on 150 images (17 epochs,
-# ~306 steps of 16) and with STEPS=refcoco_detected RefCOCO+ on the detector's boxes (15 images, 100 epochs).
+# ~306 steps of 16) and with STEPS=refcoco_detected RefCOCO+ on the detector's boxes (15 images, 100 epochs);
+# STEPS=refcoco_detected_noalign is that with the word-region alignment turned off for the finetune (session 65).
 # Rows: pretrained = runs/demo/export (bash launch/pretrain.sh), none = runs/demo_step0/export (its step 0, built by
 # RECIPE=demo launch/table4.sh). Runs land in the layout docs/table4_demo/refcoco_start/paired.py reads:
 # $OUT/<task>/img<N>_s<seed>/<row>; a cell whose metrics are there is skipped.
@@ -39,6 +40,12 @@ for step in ${STEPS:-vqa refcoco}; do
           [ -f "$dir/metrics_val.json" ] && continue
           RUNS="$out/refcoco_detected" bash launch/finetune_refcoco.sh backbone.init="${export[$row]}" \
             engine.run_dir="$dir" track=detected train_images=15 epochs=100 seed="$seed" ;;
+        refcoco_detected_noalign)  # the same, with the words' region alignment off in the finetune (session 65)
+          dir="$out/refcoco_detected_noalign/img15_s$seed/$row"
+          [ -f "$dir/metrics_val.json" ] && continue
+          RUNS="$out/refcoco_detected_noalign" bash launch/finetune_refcoco.sh backbone.init="${export[$row]}" \
+            engine.run_dir="$dir" track=detected train_images=15 epochs=100 seed="$seed" \
+            backbone.model.region_word_alignment=null backbone.model.alignment_neighbours=0 ;;
         vcr)
           dir="$out/vcr/img150_s$seed/$row"
           [ -f "$dir/qa/metrics_val.json" ] && continue
