@@ -18,7 +18,14 @@ if [ -d "$out/refcoco_detected" ]; then
   python "$paired" --runs "$out/refcoco_detected" --images 15 --base none --row pretrained \
     > "$here/refcoco_detected_img15.json"
 fi
+if [ -d "$out/refcoco_detected_noalign" ]; then
+  python "$paired" --runs "$out/refcoco_detected_noalign" --images 15 --base none --row pretrained \
+    > "$here/refcoco_detected_noalign_img15.json"
+fi
+# VCR's runs from one pair of exports at a time: session 63's (session 62's exports) are vcr_img150.json, session 65's
+# (session 64's exports) VCR_REPORT=vcr_img150_s65.json
 if [ -d "$out/vcr" ]; then
-  python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained > "$here/vcr_img150.json"
+  python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained \
+    > "$here/${VCR_REPORT:-vcr_img150.json}"
 fi
 python "$here/plot.py"
