@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model.boxes import normalise, with_whole_image
+from model.fast_rcnn import grey_of
 from model.vl_bert import VLBertForPretraining, assemble_text
-from shards.images import grey_of, grey_resampling_rings
+from shards.images import grey_resampling_rings
 
 from .data import PhraseData, choose_targets, regions_over
 

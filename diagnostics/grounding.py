@@ -39,12 +39,13 @@ from tqdm import tqdm
 
 from model.boxes import box_iou
 from model.export import load_pretrained
+from model.fast_rcnn import grey_of
 from model.vl_bert import VLBertForPretraining, assemble_text
 from shards.caption_inputs import image_regions, load_box_file
 from shards.collate import pad_ids
 from shards.decode import decode_resized
 from shards.flickr30k_entities import parse_annotation, parse_sentences, read_split
-from shards.images import grey_of, grey_resampling_rings
+from shards.images import grey_resampling_rings
 from shards.skips import SkipLog
 from shards.tokenizer import load_tokenizer
 
@@ -183,11 +184,10 @@ class GroundingEval:
             n = len(boxes)
             b = boxes.unsqueeze(0).to(device)
             box_mask = torch.ones(1, n, dtype=torch.bool, device=device)
-            mean_app = torch.cat([whole_mean.view(1, -1), region_mean.expand(n, -1)], 0).unsqueeze(0).to(app.dtype)
-            if vb.cfg.image_ablated:
-                # a model that reads no image has nothing to ablate: its "ablated" input is the grey one it reads
-                # (as `conditions.Ablator.visual` gives it), where an average region would be an input new to it
-                mean_app = app
+            # a model that reads no image has nothing to ablate: its "ablated" input is the grey one it reads (as
+            # `conditions.Ablator.visual` gives it), where an average region would be an input new to it
+            mean_app = app if vb.cfg.image_ablated else torch.cat(
+                [whole_mean.view(1, -1), region_mean.expand(n, -1)], 0).unsqueeze(0).to(app.dtype)
             # masked words: one row per (sentence, category word), both visual conditions
             rows, cats = [], []
             for s in item.sentences:

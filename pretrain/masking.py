@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from model.boxes import box_iou
+from model.fast_rcnn import grey_of
 from model.vl_bert import assemble_text, real_positions
-from shards.images import grey_of, grey_resampling_rings
+from shards.images import grey_resampling_rings
 from shards.seeding import torch_generator
 
 IGNORE = -100

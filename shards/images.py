@@ -1,7 +1,8 @@
 """Images and their boxes into model batches, outside the streaming reader: one image file resized by
 VL-BERT's rule with its boxes mapped onto it, and a batch of them padded as the reader pads. The finetune
-tasks, the detector warm-up and `finetune.infer` read their datasets this way. And the grey that hides a masked
-region's pixels (`grey_of`, `grey_resampling_rings`), which pretraining's masker and the diagnostics share."""
+tasks, the detector warm-up and `finetune.infer` read their datasets this way. And the resampling rings round a
+masked region hidden with the grey (`grey_resampling_rings`; the grey itself is `model.fast_rcnn.grey_of`, which the
+image-ablated model reads too), shared by pretraining's masker and the diagnostics."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from model.fast_rcnn import grey_of, pixel_mask  # noqa: F401 (grey_of: the readers' and evaluators' grey)
+from model.fast_rcnn import pixel_mask
 
 from .collate import pad_images
 from .decode import _box_scale, decode_resized, resized_size

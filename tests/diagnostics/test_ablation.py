@@ -349,7 +349,8 @@ def test_object_masked_hides_the_object_as_in_training(demo_corpus):
     """The object_masked condition equals a forward with those regions hidden as pretraining's masker hides them
     (pixels zeroed, the resampling ring around them greyed, RoI-[MASK] token); it differs from the
     dataset-mean `object` condition."""
-    from shards.images import grey_of, grey_resampling_rings
+    from model.fast_rcnn import grey_of
+    from shards.images import grey_resampling_rings
     from shards.tokenizer import load_tokenizer
 
     data = PhraseData(_demo_cfg(demo_corpus, max_examples=6), load_tokenizer(None), 9)
@@ -412,7 +413,7 @@ def test_training_fill_is_the_models_own_pretraining_average():
 def test_grey_condition_is_the_image_at_the_pixel_mean():
     """`grey` sets every pixel to the pixel mean and keeps the boxes: on an image already grey it equals
     `none`; on a real image it differs; a precomputed-features batch is refused."""
-    from shards.images import grey_of
+    from model.fast_rcnn import grey_of
 
     model, b = _model(), _batch()
     ablator = _fitted(model, b)

@@ -162,6 +162,5 @@ def test_an_image_ablated_model_is_given_its_own_input_as_ablated(demo_corpus):
         finally:
             handle.remove()
         assert seen, "no masked-word batch was scored"
-        for visual in seen[:1]:  # the first call is the masked words': image rows, then ablated rows
-            image, ablated = visual.chunk(2)
-            assert torch.equal(image, ablated) is same
+        image, ablated = seen[0].chunk(2)  # the first call is the masked words': image rows, then ablated rows
+        assert torch.equal(image, ablated) is same
