@@ -31,12 +31,12 @@ from transformers import AutoTokenizer  # noqa: E402
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 from finetune.common import build_pretrained  # noqa: E402
 from finetune.refcoco import RefConfig, RefSet, read_refs  # noqa: E402
-from model.boxes import box_iou  # noqa: E402
 from model.config import load_config  # noqa: E402
 
 
-def name_log_probs(vl_bert, batch: dict) -> dict[str, torch.Tensor]:
-    """{kind: [B, N, K] log p(name | region)} for the batch's candidate regions (whole-image element dropped)."""
+def name_log_probs(vl_bert, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """{kind: [B, N, K] log p(name | region)} for the batch's regions, and their normalised boxes [B, N, 4] (the
+    whole-image element dropped from both)."""
     appearance, boxes_norm, _ = vl_bert.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
                                                         boxes=batch["boxes"], box_mask=batch["box_mask"])
     det = vl_bert.fast_rcnn
@@ -45,7 +45,7 @@ def name_log_probs(vl_bert, batch: dict) -> dict[str, torch.Tensor]:
         out["attributes"] = det.attribute_classifier(appearance).float().log_softmax(-1)[:, 1:]
     if det.size_classifier is not None:
         out["sizes"] = det.size_logits(boxes_norm).float().log_softmax(-1)[:, 1:]
-    return out
+    return out, boxes_norm[:, 1:]
 
 
 def main(argv=None) -> int:
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         for start in range(0, len(order), 32):
             idx = order[start:start + 32]
             batch = data.batch(idx)
-            logp = name_log_probs(vl_bert, batch)
+            logp, _ = name_log_probs(vl_bert, batch)
             for row, i in enumerate(idx):
                 item = data.items[i]
                 words = re.findall(r"[a-z]+", sentences[(item["ref_id"], item["sent_id"])].lower())
@@ -86,8 +86,7 @@ def main(argv=None) -> int:
                             score += logp[kind][row, :n, vocab_k.index(w)]
                             named[kind] += 1
                 k = int(score.argmax())
-                iou = box_iou(torch.from_numpy(data.regions[item["image_id"]][:n]),
-                              torch.tensor([item["target"]]))[:, 0]
+                iou = batch["iou"][row, :n]  # RefSet.batch's IoU of each candidate with the referent
                 hits.append(float(iou[k] >= 0.5))
                 chance.append(float((iou >= 0.5).float().mean()))
                 images.append(item["image_id"])

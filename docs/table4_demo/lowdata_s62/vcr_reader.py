@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from name_reader import name_log_probs  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
@@ -66,11 +68,9 @@ def main(argv=None) -> int:
         for start in range(0, len(data), 16):
             idx = list(range(start, min(start + 16, len(data))))
             batch = data.batch(idx)
-            appearance, boxes_norm, _ = vl_bert.region_features(
-                images=batch["images"], image_sizes=batch["image_sizes"], boxes=batch["boxes"],
-                box_mask=batch["box_mask"])
-            colour_logp = vl_bert.fast_rcnn.attribute_classifier(appearance).float().log_softmax(-1)[:, 1:]
-            centres = ((boxes_norm[..., :2] + boxes_norm[..., 2:]) / 2)[:, 1:]  # [B, N, (x, y)]
+            logp, boxes_norm = name_log_probs(vl_bert, batch)
+            colour_logp = logp["attributes"]
+            centres = (boxes_norm[..., :2] + boxes_norm[..., 2:]) / 2  # [B, N, (x, y)]
             for row, i in enumerate(idx):
                 item = data.items[i]
                 r = records[item["annot_id"]]
