@@ -25,12 +25,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from name_reader import name_log_probs  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
+from docs.table4_demo.lowdata_s62.name_reader import name_log_probs  # noqa: E402
 from finetune.common import build_pretrained  # noqa: E402
 from finetune.vcr import VCRConfig, VCRSet, read_vcr_jsonl  # noqa: E402
 from model.config import load_config  # noqa: E402
