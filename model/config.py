@@ -323,7 +323,9 @@ class VLBertConfig:
     # is added to the region's hidden state before every layer after the first, as DETR adds its spatial encodings
     # at every layer. The official VL-BERT gives it once, in the visual feature embedding; on the demo a linear
     # probe reads a region's centre there (R^2 0.90) and not after the first layer (docs/ABLATION.md, session 54),
-    # while a relation word needs two regions' positions where its words have been bound to them. False = official.
+    # while a relation word needs two regions' positions where its words have been bound to them. A word that refers
+    # to a region (`word_region_index`: VCR's object tags) takes the same term of its region, as it takes that
+    # region's visual feature. False = official.
     geometry_layers: bool = False
     mrc_head_norm: bool = True
     # The masked RoI head also predicts each region's attributes (the Fast R-CNN's attribute distribution, e.g.

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import VLBertConfig, deep_merge, from_dict
-from .vl_bert import VLBertForPretraining
+from .vl_bert import ZERO_STARTED, VLBertForPretraining
 
 TIED = "mlm_head.decoder.weight"
 CONFIG = "config.json"
@@ -133,11 +133,18 @@ def load_weights(module: torch.nn.Module, path: str | Path, keep=None) -> tuple[
 
 def load_pretrained(path: str | Path, with_fast_rcnn: bool = True, updates: dict | None = None):
     """VLBertForPretraining with the directory's weights; every tensor of the file must have its place and
-    every place its tensor (the tied decoder aside). `image_preprocessing` rides on the model."""
+    every place its tensor (the tied decoder aside, and a zero-started path `updates` switched on, which starts at
+    zero). `image_preprocessing` rides on the model."""
 
     cfg = load_config_dir(path, updates)
     model = VLBertForPretraining(cfg, with_fast_rcnn=with_fast_rcnn)
     missing, unexpected = load_weights(model, path, keep=None if with_fast_rcnn else lambda k: ".fast_rcnn." not in k)
+    # a zero-started path the updates switched on (say, geometry_layers for a finetune) keeps its zeros: the model
+    # then computes what the export did
+    added = [k for k in missing if k.startswith("vl_bert.embeddings.") and k.split(".")[2] in ZERO_STARTED]
+    missing = [k for k in missing if k not in added]
+    if added:
+        print(f"{path}: {', '.join(sorted({k.rsplit('.', 1)[0] for k in added}))} not in the export: starts at zero")
     if missing or unexpected:
         raise ValueError(f"{path}/model.safetensors does not match its config: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")

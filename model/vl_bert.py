@@ -29,6 +29,9 @@ from .fast_rcnn import FastRCNN, grey_of
 from .heads import BertPooler, MaskedLanguageModelingHead, MaskedRoIClassificationHead
 
 SEGMENT_A, SEGMENT_B, SEGMENT_C = 0, 1, 2
+# the embedding's optional paths that start at zero, so that a model with one switched on computes what it did without
+# it: a finetune may switch one on over an export trained without it (`model.export.load_pretrained`)
+ZERO_STARTED = ("geometry_layer_projection", "aligned_geometry_projection")
 
 
 def geometry_embedding(boxes: torch.Tensor, dim: int, wave_length: float = 1000.0) -> torch.Tensor:
@@ -403,7 +406,7 @@ class VLBert(nn.Module):
             nn.init.constant_(self.embeddings.visual_ln_text.weight, cfg.visual_ln_init)
             nn.init.constant_(self.embeddings.visual_ln_object.weight, cfg.visual_ln_init if cfg.visual_ln_init_object
                               is None else cfg.visual_ln_init_object)
-            for name in ("geometry_layer_projection", "aligned_geometry_projection"):  # zero: start as without
+            for name in ZERO_STARTED:  # zero: start as without
                 if hasattr(self.embeddings, name):
                     nn.init.zeros_(getattr(self.embeddings, name).weight)
                     nn.init.zeros_(getattr(self.embeddings, name).bias)
@@ -654,7 +657,12 @@ class VLBert(nn.Module):
             mask = torch.cat([text_mask, ones, box_mask, ones], 1)
             if cfg.geometry_layers:
                 where = emb.geometry_layer_projection(geometry)  # [B, 1+N, hidden]
-                layer_input = torch.cat([torch.zeros_like(text), where, torch.zeros_like(end)], 1)
+                words_where = torch.zeros_like(text)
+                if word_region_index is not None:  # a word that refers to a region carries its box as its region does
+                    refers = (word_region_index >= 0).unsqueeze(-1).to(where.dtype)
+                    index = (word_region_index + 1).clamp(min=0).unsqueeze(-1).expand(bsz, t, where.shape[-1])
+                    words_where = where.gather(1, index) * refers
+                layer_input = torch.cat([words_where, where, torch.zeros_like(end)], 1)
         return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates,
                               attribute_logits, layer_input)
 

@@ -109,3 +109,28 @@ def test_an_image_with_no_region_runs_on_its_whole_image(tiny_model):
     keep = torch.cat([torch.arange(t + 1), torch.tensor([t + 2])])  # words, whole image, [END]
     assert torch.allclose(out.last_hidden_state, ref.last_hidden_state[:, keep], atol=1e-5)
     assert torch.equal(out.attention_mask, torch.cat([batch["text_mask"], torch.ones(b, 2, dtype=torch.bool)], 1))
+
+
+def test_a_zero_started_path_switched_on_over_an_export_starts_at_zero(tmp_path, capsys):
+    """load_pretrained with updates that switch on geometry_layers over an export trained without it: the projection
+    is not in the file, starts at zero (said on stdout), and the model computes the export's outputs; a switched-on
+    parameter the path list does not name (the learned region token, which replaces [IMG] rather than adding to it)
+    is still a mismatch."""
+    cfg = model_config("tiny")
+    model, batch = trained_like(cfg), make_batch()
+    save_pretrained(model.state_dict(), cfg, tmp_path / "export", image=image_preprocessing(128, 192, 32, cfg),
+                    source={"run_id": "abc", "step": 1})
+    loaded = load_pretrained(tmp_path / "export", updates={"geometry_layers": True}).eval()
+    proj = loaded.vl_bert.embeddings.geometry_layer_projection
+    assert not proj.weight.any() and not proj.bias.any()
+    assert "geometry_layer_projection not in the export: starts at zero" in capsys.readouterr().out
+    torch.testing.assert_close(hidden(loaded, batch), hidden(model, batch), rtol=0, atol=0)
+    with torch.no_grad():
+        proj.weight.normal_()
+    assert not torch.allclose(hidden(loaded, batch), hidden(model, batch))  # the path is live once it learns
+    try:
+        load_pretrained(tmp_path / "export", updates={"visual_tokens": "learned"})
+    except ValueError as e:
+        assert "does not match its config" in str(e)
+    else:
+        raise AssertionError("a missing parameter outside the zero-started paths loaded")

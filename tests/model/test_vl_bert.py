@@ -851,6 +851,35 @@ def test_geometry_layers_add_each_regions_geometry_before_every_later_layer(tiny
         VLBertGen(model_config("tiny", updates={"geometry_layers": True}))
 
 
+def test_geometry_layers_give_a_word_that_refers_to_a_region_that_regions_term(tiny_cfg):
+    """With word_region_index (VCR's object tags), each referring word takes, before layers 2..L, the term its region
+    takes (the same Linear of the same box); a word that refers to no region (-1: the whole image) takes nothing."""
+    torch.manual_seed(0)
+    model = VLBertForPretraining(model_config("tiny", updates={"geometry_layers": True})).eval()
+    proj = model.vl_bert.embeddings.geometry_layer_projection
+    for p in (proj.weight, proj.bias):
+        torch.nn.init.normal_(p, std=0.5)
+    batch = make_batch()
+    t = batch["input_ids"].shape[1]
+    refers = torch.full((2, t), -1)
+    refers[0, 1], refers[0, 3], refers[1, 2] = 2, 0, 1  # row 0: words 1 and 3 name regions 2 and 0; row 1: word 2
+    vb = model.vl_bert
+    with torch.no_grad():
+        e = vb.embed(batch["input_ids"], batch["text_mask"], batch["token_type_ids"], images=batch["images"],
+                     image_sizes=batch["image_sizes"], boxes=batch["boxes"], box_mask=batch["box_mask"],
+                     word_region_index=refers)
+        _, boxes_norm, _ = vb.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
+                                              boxes=batch["boxes"], box_mask=batch["box_mask"])
+        where = proj(geometry_embedding(boxes_norm, tiny_cfg.geometry_size))  # [B, 1 + N, hidden]: whole image first
+        expected = torch.zeros_like(e.layer_input)
+        expected[:, t:t + boxes_norm.shape[1]] = where
+        expected[0, 1], expected[0, 3], expected[1, 2] = where[0, 3], where[0, 1], where[1, 2]
+        torch.testing.assert_close(e.layer_input, expected, rtol=0, atol=0)
+        untagged = vb.embed(batch["input_ids"], batch["text_mask"], batch["token_type_ids"], images=batch["images"],
+                            image_sizes=batch["image_sizes"], boxes=batch["boxes"], box_mask=batch["box_mask"])
+        assert not untagged.layer_input[:, :t].any()
+
+
 def test_aligned_geometry_gives_each_word_its_aligned_regions_geometry(tiny_cfg):
     """aligned_geometry: zero at the start (the outputs are the same weights' without it); with the projection set,
     the summed embeddings differ from the plain model's only at the words, by the alignment's weights times
