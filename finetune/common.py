@@ -148,11 +148,12 @@ def with_positions(batch: dict) -> dict:
     return batch
 
 
-def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=None):
+def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=None, output_hidden_states: bool = False):
     """`[CLS] A [SEP] (B [SEP]) [IMG]... [END]` from a batch with a_ids/a_mask (b_ids/b_mask), optional
     a_region/b_region (the region each word-piece takes its visual feature from, -1 = whole image) and
     images/image_sizes/boxes/box_mask. visual_input: precomputed (appearance, boxes) of `region_features`,
-    e.g. one detector pass shared by several candidate answers."""
+    e.g. one detector pass shared by several candidate answers. output_hidden_states: every layer's states too (the
+    analyses' probes)."""
     cfg = vl_bert.cfg
     b_ids, b_mask = batch.get("b_ids"), batch.get("b_mask")
     ids, types, mask = assemble_text(batch["a_ids"], batch["a_mask"], b_ids, b_mask, cls_id=cfg.cls_token_id,
@@ -168,7 +169,7 @@ def encode(vl_bert: VLBert, batch: dict, *, visual_input=None, masked_regions=No
     return vl_bert(ids, mask, types, images=batch.get("images"), image_sizes=batch.get("image_sizes"),
                    boxes=batch["boxes"], box_mask=batch["box_mask"], masked_regions=masked_regions,
                    word_region_index=word_region, visual_input=visual_input,
-                   real_positions=batch.get("real_positions"))
+                   real_positions=batch.get("real_positions"), output_hidden_states=output_hidden_states)
 
 
 class TaskSetView:

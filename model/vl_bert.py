@@ -613,11 +613,12 @@ class VLBert(nn.Module):
             geometry = emb.geometry(boxes_norm).to(words.dtype) if cfg.geometry_layers or cfg.aligned_geometry \
                 else None
             whole_image_term = emb.text_visual_term(visual[:, :1])  # [B, 1, hidden], once per sample
-            if word_region_index is None:
+            # each word's element of the visual sequence (0, the whole image, for a word that refers to no region)
+            word_element = None if word_region_index is None else (word_region_index + 1).clamp(min=0).unsqueeze(-1)
+            if word_element is None:
                 text = text + whole_image_term  # every word takes it: broadcast, not T projections
             else:
-                index = (word_region_index + 1).clamp(min=0).unsqueeze(-1).expand(bsz, t, visual.shape[-1])
-                text = text + emb.text_visual_term(visual.gather(1, index))
+                text = text + emb.text_visual_term(visual.gather(1, word_element.expand(bsz, t, visual.shape[-1])))
             n_regions = visual.shape[1]
             if n_regions != n_visual:
                 raise ValueError(f"{n_regions - 1} region features for {n_visual - 1} boxes")
@@ -658,10 +659,9 @@ class VLBert(nn.Module):
             if cfg.geometry_layers:
                 where = emb.geometry_layer_projection(geometry)  # [B, 1+N, hidden]
                 words_where = torch.zeros_like(text)
-                if word_region_index is not None:  # a word that refers to a region carries its box as its region does
+                if word_element is not None:  # a word that refers to a region carries its box as its region does
                     refers = (word_region_index >= 0).unsqueeze(-1).to(where.dtype)
-                    index = (word_region_index + 1).clamp(min=0).unsqueeze(-1).expand(bsz, t, where.shape[-1])
-                    words_where = where.gather(1, index) * refers
+                    words_where = where.gather(1, word_element.expand(bsz, t, where.shape[-1])) * refers
                 layer_input = torch.cat([words_where, where, torch.zeros_like(end)], 1)
         return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates,
                               attribute_logits, layer_input)

@@ -32,12 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from docs.table4_demo.lowdata_s62.vcr_reader import kind_of  # noqa: E402
 from finetune.common import build_pretrained, encode, load_task_model  # noqa: E402
 from finetune.vcr import VCRConfig, VCRSet, VCRTask, read_vcr_jsonl  # noqa: E402
 from model.config import load_config  # noqa: E402
+from shards.demo_tasks import RELATIONS  # noqa: E402
 from shards.tokenizer import load_tokenizer  # noqa: E402
 
-RELATIONS = ["right of", "left of", "above", "below"]
 LAMBDAS = [1.0, 10.0, 100.0, 1000.0, 10000.0]
 DECAYS = [1e-4, 1e-3, 1e-2, 1e-1]
 
@@ -58,7 +59,7 @@ def load_vl_bert(spec: str, config: str):
 
 def features(vl_bert, data: VCRSet, records: dict, limit: int) -> dict[str, np.ndarray]:
     """Per where question: every layer's word states of [a] and [b], [a]'s region states, [a]'s centre, the answer."""
-    where = [i for i, item in enumerate(data.items) if "color" not in records[item["annot_id"]]["question"]][:limit]
+    where = [i for i, item in enumerate(data.items) if kind_of(records[item["annot_id"]]) == "where"][:limit]
     words_a, words_b, regions_a, centres, labels, geometry = [], [], [], [], [], []
     visual_ab, term_ab = [], []
     with torch.no_grad():
@@ -72,7 +73,7 @@ def features(vl_bert, data: VCRSet, records: dict, limit: int) -> dict[str, np.n
             appearance, boxes_norm, _ = vl_bert.region_features(
                 images=single["images"], image_sizes=single["image_sizes"], boxes=single["boxes"],
                 box_mask=single["box_mask"])
-            out = encode_with_states(vl_bert, single, (appearance, boxes_norm))
+            out = encode(vl_bert, single, visual_input=(appearance, boxes_norm), output_hidden_states=True)
             states, text_len = out.hidden_states, out.text_length
             geo = vl_bert.embeddings.geometry(boxes_norm[:, 1:]).float()
             real = torch.cat([single["box_mask"].new_ones(len(idx), 1), single["box_mask"]], 1)
@@ -95,20 +96,6 @@ def features(vl_bert, data: VCRSet, records: dict, limit: int) -> dict[str, np.n
     return {"word_a": np.stack(words_a), "word_b": np.stack(words_b), "region_a": np.stack(regions_a),
             "centre": np.stack(centres), "label": np.asarray(labels), "geometry": np.stack(geometry),
             "visual feature": np.stack(visual_ab), "visual term": np.stack(term_ab)}
-
-
-def encode_with_states(vl_bert, batch: dict, visual_input):
-    """`finetune.common.encode` with every layer's hidden states."""
-    original = vl_bert.forward
-
-    def forward(*args, **kwargs):
-        return original(*args, **{**kwargs, "output_hidden_states": True})
-
-    vl_bert.forward = forward
-    try:
-        return encode(vl_bert, batch, visual_input=visual_input)
-    finally:
-        del vl_bert.forward
 
 
 def standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
