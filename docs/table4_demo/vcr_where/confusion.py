@@ -22,12 +22,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from docs.table4_demo.lowdata_s62.vcr_reader import interval, kind_of  # noqa: E402
+from docs.table4_demo.vcr_where.position_probe import relation_of  # noqa: E402
+from finetune.vcr import read_vcr_jsonl  # noqa: E402
 from shards.demo_tasks import RELATIONS  # noqa: E402
-
-
-def relation_of(choice: list) -> str:
-    """The relation words of a where answer ([a] is <relation> [b] .)."""
-    return " ".join(t for t in choice if isinstance(t, str) and t not in ("is", "."))
 
 
 def fit(predictions: dict, records: dict) -> dict:
@@ -36,15 +33,15 @@ def fit(predictions: dict, records: dict) -> dict:
         keys = [k for k in predictions if kind_of(records[k]) == kind]
         right = [float(int(np.argmax(predictions[k]["probs"])) == predictions[k]["label"]) for k in keys]
         out[kind] = interval(right, [predictions[k]["image"] for k in keys])
-    confusion = {true: {picked: 0 for picked in RELATIONS} for true in RELATIONS}
+    confusion = np.zeros((len(RELATIONS), len(RELATIONS)), dtype=int)
     for k, p in predictions.items():
         r = records[k]
         if kind_of(r) == "where":
             picked = r["answer_choices"][int(np.argmax(p["probs"]))]
-            confusion[relation_of(r["answer_choices"][r["answer_label"]])][relation_of(picked)] += 1
-    out["where confusion (rows: true, columns: picked)"] = confusion
-    picks = np.array([[confusion[t][p] for p in RELATIONS] for t in RELATIONS]).sum(0)
-    out["where picks"] = dict(zip(RELATIONS, picks.tolist()))
+            confusion[relation_of(r["answer_choices"][r["answer_label"]]), relation_of(picked)] += 1
+    out["where confusion (rows: true, columns: picked)"] = {
+        true: dict(zip(RELATIONS, row.tolist())) for true, row in zip(RELATIONS, confusion)}
+    out["where picks"] = dict(zip(RELATIONS, confusion.sum(0).tolist()))
     return out
 
 
@@ -54,11 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--records", required=True, help="the split's VCR jsonl (the questions and answer choices)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    records = {}
-    with open(args.records) as f:
-        for line in f:
-            r = json.loads(line)
-            records[r["annot_id"]] = r
+    records = {r["annot_id"]: r for r in read_vcr_jsonl(args.records, need_labels=True)}
     result = {"predictions": args.predictions, **fit(json.loads(Path(args.predictions).read_text()), records)}
     text = json.dumps(result, indent=1)
     if args.out:
