@@ -257,9 +257,10 @@ class VLBertGen(BertGen):
                              "region_input 'pixels'): its Fast R-CNN names the regions")
         # its decoding runs the encoder on cached prefixes, which carry no layer input, and its target words take
         # the aligned region words alone
-        if cfg.geometry_layers or cfg.aligned_geometry:
-            raise ValueError("geometry_layers / aligned_geometry: BERT-gen's VL-BERT input carries no region geometry "
-                             "past the embeddings; generate from a model pretrained without them")
+        if cfg.geometry_layers or cfg.aligned_geometry or cfg.pair_geometry_bias or cfg.pair_geometry_values:
+            raise ValueError("geometry_layers / aligned_geometry / pair_geometry_*: BERT-gen's VL-BERT input "
+                             "carries no region geometry past the embeddings; generate from a model pretrained "
+                             "without them")
         self.cfg = cfg
         self.model = VLBertForPretraining(cfg, with_fast_rcnn=True)
         self.model.vl_bert.fast_rcnn.requires_grad_(False)  # the features were computed by it, once

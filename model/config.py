@@ -327,6 +327,23 @@ class VLBertConfig:
     # to a region (`word_region_index`: VCR's object tags) takes the same term of its region, as it takes that
     # region's visual feature. False = official.
     geometry_layers: bool = False
+    # Relation-aware attention (Relation Networks, Hu et al. 2018; the Object Relation Transformer, Herdade et al.
+    # 2019): every layer's attention logit from element i to element j gets a bias per head, a Linear of its own
+    # (zero at the start: a loaded export computes what it did) of the sine/cosine embedding of the pair's relative
+    # box geometry (j's centre minus i's in image units, log width and height ratios). Each element has a box: a
+    # region its own, a word that refers to a region (`word_region_index`) that region's, every other word and [END]
+    # the whole image's. A comparison of two positions ("left of") is then a first-layer operation on the pair, where
+    # `geometry_layers` leaves the subtraction to the layers (VCR's where half: unfitted on its training questions
+    # in 4 epochs, docs/FINETUNE.md session 67). Costs a [layers, B, heads, L, L] bias. False = official.
+    pair_geometry_bias: bool = False
+    # Relative geometry in the values too (Shaw et al. 2018's relative representations on the value side): each
+    # layer's attention output at element i adds, per head, a Linear of its own (zero at the start) of
+    # sum_j attention_ij * pair_geometry_ij. Element i then holds the offset of what it attends to, a linear readout
+    # of "left of" where the bias alone only moves where i looks. Computed without the [L, L] features: the keys'
+    # own sines and cosines ride in SDPA's values and the angle-difference identities turn their weighted sums into
+    # the relative ones at each query (`model.encoder.relative_geometry`). False = official.
+    pair_geometry_values: bool = False
+    pair_geometry_frequencies: int = 8  # sine/cosine frequencies per relative coordinate: 8 * this features
     mrc_head_norm: bool = True
     # The masked RoI head also predicts each region's attributes (the Fast R-CNN's attribute distribution, e.g.
     # colour), as `MaskedRoIClassificationHead.attributes`: pretraining's `losses.mrc_attribute_weight` gives the

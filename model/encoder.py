@@ -116,6 +116,18 @@ def attention_bias(mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None
     raise ValueError(f"attention mask must be [B, L] or [B, Lq, Lk], got {list(mask.shape)}")
 
 
+def relative_geometry(summed: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """The attention-weighted sums of the keys' sine/cosine features [B, heads, L, C * 2F] (per coordinate F sines,
+    then F cosines of the key's angles) and each query's own angles [B, L, C, F] -> the same sums of the pair
+    features, sin and cos of (key angle - query angle) in that layout: sin(a - b) = sin a cos b - cos a sin b,
+    cos(a - b) = cos a cos b + sin a sin b, with the query's b outside the sum over keys."""
+    b, h, n, _ = summed.shape
+    c, f = angles.shape[-2:]
+    key_sin, key_cos = summed.view(b, h, n, c, 2, f).unbind(-2)
+    sin_q, cos_q = angles.sin().unsqueeze(1).to(summed.dtype), angles.cos().unsqueeze(1).to(summed.dtype)
+    return torch.cat([key_sin * cos_q - key_cos * sin_q, key_cos * cos_q + key_sin * sin_q], -1).flatten(-2)
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, cfg: VLBertConfig):
         super().__init__()
@@ -130,24 +142,49 @@ class BertSelfAttention(nn.Module):
         return x.view(b, l, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, L, head_dim]
 
     def forward(self, x, bias, past: tuple[torch.Tensor, torch.Tensor] | KVBuffer | None = None,
-                want_probs: bool = False):
+                want_probs: bool = False, geometry: tuple[torch.Tensor, nn.Module] | None = None):
+        """geometry: (each element's angles [B, L, C, F], the layer's Linear(heads * C * 2F -> hidden)): the
+        relative geometry of what each element attends to, added to its output (`pair_geometry_values`)."""
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
         kv = (k, v)
+        if geometry is not None and past is not None:
+            raise ValueError("pair geometry values need the whole sequence: no cache")
         if isinstance(past, KVBuffer):
             kv = past.extend(k, v)
             k, v = kv.kv
         elif past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
             kv = (k, v)
-        out, probs = self._attend(q, k, v, bias, want_probs)
+        out, probs = self._attend(q, k, self._with_geometry(v, geometry), bias, want_probs)
+        out, relative = self._split_geometry(out, geometry)
         b, _, l, _ = out.shape
-        return out.transpose(1, 2).reshape(b, l, -1), kv, probs
+        out = out.transpose(1, 2).reshape(b, l, -1)
+        if relative is not None:
+            out = out + geometry[1](relative.transpose(1, 2).flatten(2))
+        return out, kv, probs
 
-    def packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing) -> torch.Tensor:
+    def packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing,
+               geometry: tuple[torch.Tensor, nn.Module] | None = None) -> torch.Tensor:
         """`forward` on the real positions only: x [n, hidden] -> [n, hidden]."""
-        out, _ = self._attend(*(rows.to_heads(proj(x), self.heads) for proj in (self.query, self.key, self.value)),
-                              bias)
-        return rows.from_heads(out)
+        q, k, v = (rows.to_heads(proj(x), self.heads) for proj in (self.query, self.key, self.value))
+        out, _ = self._attend(q, k, self._with_geometry(v, geometry), bias)
+        out, relative = self._split_geometry(out, geometry)
+        out = rows.from_heads(out)
+        return out if relative is None else out + geometry[1](rows.from_heads(relative))
+
+    def _with_geometry(self, v: torch.Tensor, geometry) -> torch.Tensor:
+        """The keys' own sines and cosines appended to every head's values: one SDPA call sums them with the
+        attention's weights, where the pair features themselves would be [B, L, L, C * 2F]."""
+        if geometry is None:
+            return v
+        angles = geometry[0]
+        own = torch.cat([angles.sin(), angles.cos()], -1).flatten(-2).to(v.dtype)  # [B, L, C * 2F]
+        return torch.cat([v, own.unsqueeze(1).expand(-1, self.heads, -1, -1)], -1)
+
+    def _split_geometry(self, out: torch.Tensor, geometry):
+        if geometry is None:
+            return out, None
+        return out[..., :self.head_dim], relative_geometry(out[..., self.head_dim:], geometry[0])
 
     def _attend(self, q, k, v, bias, want_probs: bool = False):
         """[B, heads, Lq|Lk, head_dim] -> (attention output [B, heads, Lq, head_dim], probabilities or None)."""
@@ -158,7 +195,8 @@ class BertSelfAttention(nn.Module):
         if want_probs or (p > 0.0 and q.device.type == "cpu"):
             scores = (q * self.head_dim ** -0.5) @ k.transpose(-1, -2)
             if bias is not None:
-                scores = scores.masked_fill(~bias, torch.finfo(scores.dtype).min)
+                scores = scores + bias if bias.is_floating_point() else \
+                    scores.masked_fill(~bias, torch.finfo(scores.dtype).min)
             probs = scores.softmax(-1)
             return dropout(probs, p) @ v, (probs if want_probs else None)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p), None
@@ -203,14 +241,14 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg, cfg.intermediate_size)
 
-    def forward(self, x, bias, past=None, want_probs: bool = False):
-        attended, kv, probs = self.attention.self(x, bias, past, want_probs)
+    def forward(self, x, bias, past=None, want_probs: bool = False, geometry=None):
+        attended, kv, probs = self.attention.self(x, bias, past, want_probs, geometry)
         h = self.attention.output(attended, x)
         return self.output(self.intermediate(h), h), kv, probs
 
-    def packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing) -> torch.Tensor:
+    def packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing, geometry=None) -> torch.Tensor:
         """The layer on the real positions only: x [n, hidden] -> [n, hidden]."""
-        h = self.attention.output(self.attention.self.packed(x, bias, rows), x)
+        h = self.attention.output(self.attention.self.packed(x, bias, rows, geometry), x)
         return self.output(self.intermediate(h), h)
 
 
@@ -226,24 +264,45 @@ class BertEncoder(nn.Module):
     def __init__(self, cfg: VLBertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        if cfg.pair_geometry_values:  # per layer: every head's relative geometry -> hidden (zero at the start)
+            features = cfg.num_attention_heads * 8 * cfg.pair_geometry_frequencies
+            self.pair_geometry_value_projection = nn.ModuleList(
+                nn.Linear(features, cfg.hidden_size) for _ in range(cfg.num_hidden_layers))
         self.gradient_checkpointing = cfg.gradient_checkpointing
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, past: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False,
                 output_attentions: bool = False, real_positions: int | None = None,
-                layer_input: torch.Tensor | None = None) -> EncoderOutput:
+                layer_input: torch.Tensor | None = None, layer_bias: torch.Tensor | None = None,
+                pair_angles: torch.Tensor | None = None) -> EncoderOutput:
         """x [B, L, hidden]; mask [B, L_total] or [B, L, L_total] with L_total = L_past + L.
 
         layer_input [B, L, hidden]: added to the input of every layer after the first (the model's
         `geometry_layers`: the regions' positions; zero elsewhere).
 
+        layer_bias [layers, B, heads, L, L]: added to each layer's attention logits, where the mask lets it attend
+        (the model's `pair_geometry_bias`); needs a [B, L] mask and no cache.
+
+        pair_angles [B, L, C, F]: each element's box angles (`model.vl_bert.element_angles`), for the layers'
+        relative geometry values (`pair_geometry_values`; no cache).
+
         real_positions: the number of True elements of a [B, L] padding mask, counted on the host. With
         it, the layers run on the real positions only (`Packing`); the output is zero at padded ones.
         Ignored with a cache, per-layer outputs or a [B, Lq, Lk] mask."""
         bias = attention_bias(mask, x.shape[1])
+        biases = [bias] * len(self.layer)
+        if layer_bias is not None:
+            if past is not None or mask is None or mask.dim() != 2:
+                raise ValueError("layer_bias needs a [B, L] mask and no cache")
+            # one additive mask per layer, SDPA's float attn_mask: the padding's -inf-like floor, the bias elsewhere
+            floor = torch.finfo(layer_bias.dtype).min
+            biases = [b.masked_fill(~bias, floor) for b in layer_bias]
+        geometry = [None] * len(self.layer)
+        if pair_angles is not None:
+            geometry = [(pair_angles, proj) for proj in self.pair_geometry_value_projection]
         if real_positions is not None and mask is not None and mask.dim() == 2 and past is None \
                 and not (use_cache or output_hidden_states or output_attentions):
-            return EncoderOutput(self._packed(x, bias, Packing.of(mask, real_positions), layer_input))
+            return EncoderOutput(self._packed(x, biases, Packing.of(mask, real_positions), layer_input, geometry))
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         cache = [] if use_cache else None
@@ -252,9 +311,9 @@ class BertEncoder(nn.Module):
             if layer_input is not None and i > 0:
                 x = x + layer_input
             if self.gradient_checkpointing and self.training and not use_cache and not output_attentions:
-                x, kv, probs = checkpoint(layer, x, bias, layer_past, False, use_reentrant=False)
+                x, kv, probs = checkpoint(layer, x, biases[i], layer_past, False, geometry[i], use_reentrant=False)
             else:
-                x, kv, probs = layer(x, bias, layer_past, output_attentions)
+                x, kv, probs = layer(x, biases[i], layer_past, output_attentions, geometry[i])
             if hidden is not None:
                 hidden.append(x)
             if attentions is not None:
@@ -263,15 +322,16 @@ class BertEncoder(nn.Module):
                 cache.append(kv)
         return EncoderOutput(x, hidden, attentions, cache)
 
-    def _packed(self, x: torch.Tensor, bias: torch.Tensor, rows: Packing,
-                layer_input: torch.Tensor | None = None) -> torch.Tensor:
+    def _packed(self, x: torch.Tensor, biases: list[torch.Tensor], rows: Packing,
+                layer_input: torch.Tensor | None = None, geometry: list | None = None) -> torch.Tensor:
         h = rows.pack(x)
+        geometry = geometry or [None] * len(self.layer)
         added = rows.pack(layer_input) if layer_input is not None else None
         for i, layer in enumerate(self.layer):
             if added is not None and i > 0:
                 h = h + added
             if self.gradient_checkpointing and self.training:
-                h = checkpoint(layer.packed, h, bias, rows, use_reentrant=False)
+                h = checkpoint(layer.packed, h, biases[i], rows, geometry[i], use_reentrant=False)
             else:
-                h = layer.packed(h, bias, rows)
+                h = layer.packed(h, biases[i], rows, geometry[i])
         return rows.unpack(h)

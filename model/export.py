@@ -141,10 +141,12 @@ def load_pretrained(path: str | Path, with_fast_rcnn: bool = True, updates: dict
     missing, unexpected = load_weights(model, path, keep=None if with_fast_rcnn else lambda k: ".fast_rcnn." not in k)
     # a zero-started path the updates switched on (say, geometry_layers for a finetune) keeps its zeros: the model
     # then computes what the export did
-    added = [k for k in missing if k.startswith("vl_bert.embeddings.") and k.split(".")[2] in ZERO_STARTED]
+    added = [k for k in missing if k.startswith(("vl_bert.embeddings.", "vl_bert.encoder."))
+             and k.split(".")[2] in ZERO_STARTED]
     missing = [k for k in missing if k not in added]
     if added:
-        print(f"{path}: {', '.join(sorted({k.rsplit('.', 1)[0] for k in added}))} not in the export: starts at zero")
+        paths = sorted({".".join(k.split(".")[:3]) for k in added})  # a per-layer path once, not per layer
+        print(f"{path}: {', '.join(paths)} not in the export: starts at zero")
     if missing or unexpected:
         raise ValueError(f"{path}/model.safetensors does not match its config: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")

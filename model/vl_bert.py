@@ -31,7 +31,8 @@ from .heads import BertPooler, MaskedLanguageModelingHead, MaskedRoIClassificati
 SEGMENT_A, SEGMENT_B, SEGMENT_C = 0, 1, 2
 # the embedding's optional paths that start at zero, so that a model with one switched on computes what it did without
 # it: a finetune may switch one on over an export trained without it (`model.export.load_pretrained`)
-ZERO_STARTED = ("geometry_layer_projection", "aligned_geometry_projection")
+ZERO_STARTED = ("geometry_layer_projection", "aligned_geometry_projection", "pair_geometry_projection",
+                "pair_geometry_value_projection")
 
 
 def geometry_embedding(boxes: torch.Tensor, dim: int, wave_length: float = 1000.0) -> torch.Tensor:
@@ -42,6 +43,27 @@ def geometry_embedding(boxes: torch.Tensor, dim: int, wave_length: float = 1000.
     freqs = wave_length ** (torch.arange(k, device=boxes.device, dtype=torch.float32) / k)
     angles = (boxes.float() * 100.0).unsqueeze(-1) / freqs  # [..., 4, k]
     return torch.cat([angles.sin(), angles.cos()], -1).flatten(-2)  # [..., 4 * 2k]
+
+
+def element_angles(boxes: torch.Tensor, frequencies: int) -> torch.Tensor:
+    """[B, L, 4] normalised (x1, y1, x2, y2) of a sequence's elements -> [B, L, 4, frequencies]: the centre (cx, cy)
+    in image units and (log w, log h) / 8, each at angles pi / 2 * 2^k, k < frequencies. Their differences are a
+    pair's relative geometry (`pair_geometry`); the lowest frequency keeps the sign: sin(pi / 2 * dx) > 0 exactly when
+    dx > 0, for any |dx| < 2."""
+    b = boxes.float()
+    size = (b[..., 2:] - b[..., :2]).clamp(min=1e-3)  # a degenerate box: ratios stay finite (|log| <= 6.9)
+    coords = torch.cat([(b[..., :2] + b[..., 2:]) / 2, size.log() / 8], -1)
+    scales = (torch.pi / 2) * 2.0 ** torch.arange(frequencies, device=b.device, dtype=torch.float32)
+    return coords.unsqueeze(-1) * scales
+
+
+def pair_geometry(boxes: torch.Tensor, frequencies: int) -> torch.Tensor:
+    """[B, L, 4] normalised boxes -> [B, L, L, 8 * frequencies]: for each query element i and key element j the
+    sines, then the cosines, of j's `element_angles` minus i's, per coordinate: the embedding of (cx_j - cx_i,
+    cy_j - cy_i, log w_j / w_i / 8, log h_j / h_i / 8)."""
+    angles = element_angles(boxes, frequencies)
+    diff = angles.unsqueeze(1) - angles.unsqueeze(2)  # [B, Lq, Lk, 4, frequencies]: key minus query
+    return torch.cat([diff.sin(), diff.cos()], -1).flatten(-2)
 
 
 def assemble_text(a_ids: torch.Tensor, a_mask: torch.Tensor, b_ids: torch.Tensor | None = None,
@@ -172,6 +194,9 @@ class VLBertEmbeddings(nn.Module):
                 self.geometry_layer_projection = nn.Linear(cfg.geometry_size, h)
             if cfg.aligned_geometry:
                 self.aligned_geometry_projection = nn.Linear(cfg.geometry_size, h)
+            if cfg.pair_geometry_bias:  # one bias per layer and head
+                self.pair_geometry_projection = nn.Linear(8 * cfg.pair_geometry_frequencies,
+                                                          cfg.num_hidden_layers * cfg.num_attention_heads)
             for name, value in self.config_buffers().items():
                 self.register_buffer(name, value, persistent=False)
         elif cfg.visual_embedding == "linear":
@@ -317,6 +342,8 @@ class VLBertEmbedded:
     candidates: torch.Tensor | None  # [B, 1+N] the regions a word may align to
     region_attribute_logits: torch.Tensor | None = None  # the Fast R-CNN's attribute logits, detached, if asked
     layer_input: torch.Tensor | None = None  # [B, L, hidden] added before every layer after the first (geometry_layers)
+    layer_bias: torch.Tensor | None = None  # [layers, B, heads, L, L] added to each layer's logits (pair_geometry_bias)
+    pair_angles: torch.Tensor | None = None  # [B, L, 4, F] each element's `element_angles` (pair_geometry_values)
 
 
 @dataclass
@@ -358,6 +385,9 @@ class VLBert(nn.Module):
             raise ValueError(f"region_geometry: '{cfg.region_geometry}' is not 'boxes' or 'whole_image'")
         if cfg.geometry_layers and cfg.visual_embedding != "vlbert":
             raise ValueError("geometry_layers carries VL-BERT's geometry embedding: visual_embedding must be 'vlbert'")
+        if (cfg.pair_geometry_bias or cfg.pair_geometry_values) and cfg.visual_embedding != "vlbert":
+            raise ValueError("pair_geometry_bias / pair_geometry_values read VL-BERT's sequence of boxes: "
+                             "visual_embedding must be 'vlbert'")
         if cfg.aligned_geometry and (cfg.visual_embedding != "vlbert" or cfg.region_word_alignment is None):
             raise ValueError("aligned_geometry gives aligned words their regions' geometry: set region_word_alignment "
                              "(and visual_embedding 'vlbert')")
@@ -407,9 +437,11 @@ class VLBert(nn.Module):
             nn.init.constant_(self.embeddings.visual_ln_object.weight, cfg.visual_ln_init if cfg.visual_ln_init_object
                               is None else cfg.visual_ln_init_object)
             for name in ZERO_STARTED:  # zero: start as without
-                if hasattr(self.embeddings, name):
-                    nn.init.zeros_(getattr(self.embeddings, name).weight)
-                    nn.init.zeros_(getattr(self.embeddings, name).bias)
+                for owner in (self.embeddings, self.encoder):
+                    path = getattr(owner, name, None)
+                    for linear in ([] if path is None else path if isinstance(path, nn.ModuleList) else [path]):
+                        nn.init.zeros_(linear.weight)
+                        nn.init.zeros_(linear.bias)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.cfg.initializer_range
@@ -536,7 +568,7 @@ class VLBert(nn.Module):
                        output_attribute_logits=output_attribute_logits, neighbour_words=neighbour_words)
         encoded = self.encoder(self.embeddings.finish(e.x), e.mask, output_hidden_states=output_hidden_states,
                                output_attentions=output_attentions, real_positions=real_positions,
-                               layer_input=e.layer_input)
+                               layer_input=e.layer_input, layer_bias=e.layer_bias, pair_angles=e.pair_angles)
         return VLBertOutput(encoded.last_hidden_state, e.mask, input_ids.shape[1], e.n_regions, self.pooler,
                             e.region_logits, encoded.hidden_states, encoded.attentions,
                             region_attribute_logits=e.region_attribute_logits)
@@ -566,7 +598,7 @@ class VLBert(nn.Module):
         words = emb.word_embeddings(ids)
         text = words[:, :t] + emb.position_embeddings(positions) + \
             emb.token_type_embeddings(token_type_ids)  # [B, T, hidden]
-        region_logits = attribute_logits = layer_input = None
+        region_logits = attribute_logits = layer_input = layer_bias = pair_angles = None
         if cfg.visual_embedding == "linear":
             raise ValueError("visual_embedding='linear' (BERT-gen) builds its own sequence: use embed_regions_linear")
         learned = cfg.visual_tokens == "learned"
@@ -663,8 +695,21 @@ class VLBert(nn.Module):
                     refers = (word_region_index >= 0).unsqueeze(-1).to(where.dtype)
                     words_where = where.gather(1, word_element.expand(bsz, t, where.shape[-1])) * refers
                 layer_input = torch.cat([words_where, where, torch.zeros_like(end)], 1)
+            if cfg.pair_geometry_bias or cfg.pair_geometry_values:
+                # each element's box: a referring word its region's, every other word and [END] the whole image's
+                text_boxes = boxes_norm[:, :1].expand(bsz, t, 4) if word_element is None else \
+                    boxes_norm.gather(1, word_element.expand(bsz, t, 4))
+                element_boxes = torch.cat([text_boxes, boxes_norm, boxes_norm[:, :1]], 1)  # [B, L, 4]
+            if cfg.pair_geometry_values:
+                pair_angles = element_angles(element_boxes, cfg.pair_geometry_frequencies)
+            if cfg.pair_geometry_bias:
+                pair = emb.pair_geometry_projection(
+                    pair_geometry(element_boxes, cfg.pair_geometry_frequencies).to(words.dtype))  # [B, L, L, n*H]
+                size = x.shape[1]
+                layer_bias = pair.view(bsz, size, size, cfg.num_hidden_layers, cfg.num_attention_heads) \
+                    .permute(3, 0, 4, 1, 2).contiguous()
         return VLBertEmbedded(x, mask, n_regions, region_logits, text_len, word_visual, terms, candidates,
-                              attribute_logits, layer_input)
+                              attribute_logits, layer_input, layer_bias, pair_angles)
 
     def encode(self, embeddings: torch.Tensor, mask: torch.Tensor, *, past: KVCache | None = None,
                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False):

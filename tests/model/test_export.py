@@ -112,22 +112,27 @@ def test_an_image_with_no_region_runs_on_its_whole_image(tiny_model):
 
 
 def test_a_zero_started_path_switched_on_over_an_export_starts_at_zero(tmp_path, capsys):
-    """load_pretrained with updates that switch on geometry_layers over an export trained without it: the projection
-    is not in the file, starts at zero (said on stdout), and the model computes the export's outputs; a switched-on
+    """load_pretrained with updates that switch on geometry_layers (or a pair_geometry path) over an export trained
+    without it: the projection is not in the file, starts at zero (said on stdout), and the model computes the
+    export's outputs; a switched-on
     parameter the path list does not name (the learned region token, which replaces [IMG] rather than adding to it)
     is still a mismatch."""
     cfg = model_config("tiny")
     model, batch = trained_like(cfg), make_batch()
     save_pretrained(model.state_dict(), cfg, tmp_path / "export", image=image_preprocessing(128, 192, 32, cfg),
                     source={"run_id": "abc", "step": 1})
-    loaded = load_pretrained(tmp_path / "export", updates={"geometry_layers": True}).eval()
-    proj = loaded.vl_bert.embeddings.geometry_layer_projection
-    assert not proj.weight.any() and not proj.bias.any()
-    assert "geometry_layer_projection not in the export: starts at zero" in capsys.readouterr().out
-    torch.testing.assert_close(hidden(loaded, batch), hidden(model, batch), rtol=0, atol=0)
-    with torch.no_grad():
-        proj.weight.normal_()
-    assert not torch.allclose(hidden(loaded, batch), hidden(model, batch))  # the path is live once it learns
+    for flag, owner, name, atol in (("geometry_layers", "embeddings", "geometry_layer_projection", 0),
+                                    ("pair_geometry_bias", "embeddings", "pair_geometry_projection", 1e-6),
+                                    ("pair_geometry_values", "encoder", "pair_geometry_value_projection", 1e-6)):
+        loaded = load_pretrained(tmp_path / "export", updates={flag: True}).eval()
+        proj = getattr(getattr(loaded.vl_bert, owner), name)
+        proj = proj[1] if isinstance(proj, torch.nn.ModuleList) else proj  # one per layer
+        assert not proj.weight.any() and not proj.bias.any()
+        assert f"vl_bert.{owner}.{name} not in the export: starts at zero" in capsys.readouterr().out
+        torch.testing.assert_close(hidden(loaded, batch), hidden(model, batch), rtol=0, atol=atol)
+        with torch.no_grad():
+            proj.weight.normal_()
+        assert not torch.allclose(hidden(loaded, batch), hidden(model, batch))  # the path is live once it learns
     try:
         load_pretrained(tmp_path / "export", updates={"visual_tokens": "learned"})
     except ValueError as e:

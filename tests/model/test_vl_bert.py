@@ -9,7 +9,7 @@ from model.config import model_config
 from model.encoder import KVBuffer
 from model.fast_rcnn import pixel_mask
 from model.hf_import import config_from_hf, load_hf_bert
-from model.vl_bert import VLBert, VLBertForPretraining, assemble_text, geometry_embedding, real_positions
+from model.vl_bert import VLBert, VLBertForPretraining, assemble_text, geometry_embedding, pair_geometry, real_positions
 from shards.tokenizer import packaged_bert_dir
 
 from .conftest import make_batch
@@ -878,6 +878,144 @@ def test_geometry_layers_give_a_word_that_refers_to_a_region_that_regions_term(t
         untagged = vb.embed(batch["input_ids"], batch["text_mask"], batch["token_type_ids"], images=batch["images"],
                             image_sizes=batch["image_sizes"], boxes=batch["boxes"], box_mask=batch["box_mask"])
         assert not untagged.layer_input[:, :t].any()
+
+
+def pair_features_by_hand(box_i, box_j, frequencies):
+    """The relative geometry of key box j seen from query box i, from the formula (pair_geometry's docstring)."""
+    (ax1, ay1, ax2, ay2), (bx1, by1, bx2, by2) = box_i, box_j
+    rel = [(bx1 + bx2) / 2 - (ax1 + ax2) / 2, (by1 + by2) / 2 - (ay1 + ay2) / 2,
+           math.log(max(bx2 - bx1, 1e-3) / max(ax2 - ax1, 1e-3)) / 8,
+           math.log(max(by2 - by1, 1e-3) / max(ay2 - ay1, 1e-3)) / 8]
+    out = []
+    for r in rel:
+        angles = [r * math.pi / 2 * 2 ** k for k in range(frequencies)]
+        out += [math.sin(a) for a in angles] + [math.cos(a) for a in angles]
+    return out
+
+
+def pair_models(tiny_cfg, updates):
+    """A tiny model with a pair geometry path (visual gates open) and the plain model with its other weights."""
+    torch.manual_seed(0)
+    model = VLBertForPretraining(model_config("tiny", updates={**updates, "pair_geometry_frequencies": 2})).eval()
+    plain = VLBertForPretraining(tiny_cfg).eval()
+    for ln in (model.vl_bert.embeddings.visual_ln_text, model.vl_bert.embeddings.visual_ln_object):
+        torch.nn.init.ones_(ln.weight)
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "pair_geometry" not in k})
+    return model, plain
+
+
+def pair_features_of_rows(model, batch, refers):
+    """Per row, [L, L, 16] pair features by hand: a region its box, a tagged word its region's, every other word
+    and [END] the whole image's."""
+    _, boxes_norm, _ = model.vl_bert.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
+                                                     boxes=batch["boxes"], box_mask=batch["box_mask"])
+    b, t = refers.shape
+    out = []
+    for row in range(b):
+        whole = boxes_norm[row, 0].tolist()
+        elements = [boxes_norm[row, 1 + refers[row, i]].tolist() if refers[row, i] >= 0 else whole
+                    for i in range(t)] + [box.tolist() for box in boxes_norm[row]] + [whole]
+        out.append(torch.tensor([[pair_features_by_hand(a, e, 2) for e in elements] for a in elements]))
+    return out
+
+
+def assert_live_and_packed_alike(model, plain, batch, refers):
+    """The path changes the outputs, and the packed encoder (real positions only) computes the padded one's."""
+    padded = run(model, batch, word_region_index=refers).last_hidden_state
+    assert not torch.allclose(padded, run(plain, batch, word_region_index=refers).last_hidden_state, atol=1e-3)
+    packed = run(model, batch, word_region_index=refers,
+                 real_positions=real_positions(batch["text_mask"], batch["box_mask"]))
+    torch.testing.assert_close(packed.last_hidden_state[packed.attention_mask], padded[packed.attention_mask])
+
+
+def test_pair_geometry_embeds_the_key_boxs_offset_and_size_ratio_from_the_query_box():
+    boxes = torch.tensor([[[0.1, 0.2, 0.3, 0.6], [0.5, 0.1, 0.9, 0.3], [0.0, 0.0, 1.0, 1.0]]])
+    feats = pair_geometry(boxes, 3)
+    assert feats.shape == (1, 3, 3, 24)
+    for i in range(3):
+        for j in range(3):
+            torch.testing.assert_close(feats[0, i, j], torch.tensor(pair_features_by_hand(
+                boxes[0, i].tolist(), boxes[0, j].tolist(), 3)))
+    # the lowest frequency's sine of the x offset: positive exactly when the key's centre is right of the query's
+    assert feats[0, 0, 1, 0] > 0 and feats[0, 1, 0, 0] < 0 and feats[0, 2, 2, 0] == 0
+
+
+def test_pair_geometry_bias_adds_each_pairs_geometry_to_every_layers_logits(tiny_cfg):
+    """pair_geometry_bias: zero at the start (the outputs are the same weights' without it); with the projection set,
+    every layer's attention equals softmax(q k / sqrt(d) + bias) by hand, the bias per layer and head a Linear of the
+    pair's relative geometry (a region its box, a tagged word its region's, every other element the whole image's),
+    padded and packed alike; BERT-gen refuses it."""
+    with_bias, plain = pair_models(tiny_cfg, {"pair_geometry_bias": True})
+    proj = with_bias.vl_bert.embeddings.pair_geometry_projection
+    assert proj.weight.shape == (2 * 4, 16) and not proj.weight.any() and not proj.bias.any()
+    batch = make_batch()
+    b, t = batch["input_ids"].shape
+    refers = torch.full((b, t), -1)
+    refers[0, 2], refers[1, 5] = 1, 2  # row 0's word 2 names region 1, row 1's word 5 region 2
+    with torch.no_grad():
+        torch.testing.assert_close(run(with_bias, batch, word_region_index=refers).last_hidden_state,
+                                   run(plain, batch, word_region_index=refers).last_hidden_state, rtol=0, atol=1e-6)
+        torch.nn.init.normal_(proj.weight, std=1.0)
+        torch.nn.init.normal_(proj.bias, std=1.0)
+        out = run(with_bias, batch, word_region_index=refers, output_hidden_states=True, output_attentions=True)
+        vb = with_bias.vl_bert
+        for row, feats in enumerate(pair_features_of_rows(with_bias, batch, refers)):
+            size = feats.shape[0]
+            real = out.attention_mask[row]
+            for layer_i, layer in enumerate(vb.encoder.layer):
+                x = out.hidden_states[layer_i][row]
+                att = layer.attention.self
+                q = att.query(x).view(-1, 4, 8).transpose(0, 1)
+                k = att.key(x).view(-1, 4, 8).transpose(0, 1)
+                bias = (feats @ proj.weight.T + proj.bias).view(size, size, 2, 4)[:, :, layer_i]
+                scores = q @ k.transpose(-1, -2) / math.sqrt(8) + bias.permute(2, 0, 1)
+                probs = scores.masked_fill(~real, float("-inf")).softmax(-1)
+                torch.testing.assert_close(out.attentions[layer_i][row][:, real], probs[:, real],
+                                           rtol=1e-4, atol=1e-5)
+        assert_live_and_packed_alike(with_bias, plain, batch, refers)
+    with pytest.raises(ValueError, match="pair_geometry"):
+        VLBertGen(model_config("tiny", updates={"pair_geometry_bias": True}))
+
+
+def test_pair_geometry_values_add_the_attended_pairs_geometry_to_each_output(tiny_cfg):
+    """pair_geometry_values: zero at the start; with the projections set, each layer equals one run by hand whose
+    attention output at element i adds Linear(sum_j attention_ij * pair features_ij) per head (the features from the
+    formula, each element's box as for the bias), padded and packed alike; a cache is refused."""
+    model, plain = pair_models(tiny_cfg, {"pair_geometry_values": True})
+    projections = model.vl_bert.encoder.pair_geometry_value_projection
+    assert len(projections) == 2 and all(p.weight.shape == (32, 4 * 16) and not p.weight.any() for p in projections)
+    batch = make_batch()
+    b, t = batch["input_ids"].shape
+    refers = torch.full((b, t), -1)
+    refers[0, 2], refers[1, 5] = 3, 0
+    with torch.no_grad():
+        torch.testing.assert_close(run(model, batch, word_region_index=refers).last_hidden_state,
+                                   run(plain, batch, word_region_index=refers).last_hidden_state, rtol=0, atol=1e-6)
+        for proj in projections:
+            torch.nn.init.normal_(proj.weight, std=1.0)
+            torch.nn.init.normal_(proj.bias, std=1.0)
+        out = run(model, batch, word_region_index=refers, output_hidden_states=True, output_attentions=True)
+        vb = model.vl_bert
+        for row, feats in enumerate(pair_features_of_rows(model, batch, refers)):
+            real = out.attention_mask[row]
+            for layer_i, layer in enumerate(vb.encoder.layer):
+                x = out.hidden_states[layer_i][row]
+                att = layer.attention.self
+                q, k, v = (proj(x).view(-1, 4, 8).transpose(0, 1) for proj in (att.query, att.key, att.value))
+                probs = (q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(~real, float("-inf")).softmax(-1)
+                relative = torch.einsum("hij,ijf->ihf", probs, feats).flatten(1)  # [L, heads * 16]
+                context = (probs @ v).transpose(0, 1).flatten(1) + projections[layer_i](relative)
+                h = layer.attention.output(context, x)
+                expected = layer.output(layer.intermediate(h), h)
+                torch.testing.assert_close(out.hidden_states[layer_i + 1][row][real], expected[real],
+                                           rtol=1e-4, atol=1e-4)
+        assert_live_and_packed_alike(model, plain, batch, refers)
+        x = torch.randn(b, 3, 32)
+        with pytest.raises(ValueError, match="no cache"):
+            vb.encoder.layer[0].attention.self(x, None, (x.view(b, 3, 4, 8).transpose(1, 2),) * 2, False,
+                                               (torch.zeros(b, 3, 4, 2), projections[0]))
+    with pytest.raises(ValueError, match="pair_geometry"):
+        VLBertGen(model_config("tiny", updates={"pair_geometry_values": True}))
 
 
 def test_aligned_geometry_gives_each_word_its_aligned_regions_geometry(tiny_cfg):
