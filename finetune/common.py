@@ -22,7 +22,7 @@ from tqdm import tqdm
 from model.config import model_config
 from model.export import image_preprocessing, is_export_dir, load_config_dir, load_pretrained, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
-from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
+from model.vl_bert import RELATIONS, VLBert, VLBertForPretraining, assemble_text
 from shards.caption_inputs import load_box_file
 from shards.collate import pad_ids
 from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
@@ -46,6 +46,9 @@ class BackboneConfig:
     model_preset: str = "base"
     model: dict = field(default_factory=dict)  # VLBertConfig updates (e.g. {hidden_dropout_prob: 0.2})
     tokenizer: str | None = None  # None: the init's own vocab.txt, else the packaged one
+    # the words naming left, right, above and below, in that order: turns on the relation-name channel
+    # (model.pair_relation_words, their word-pieces in this backbone's tokenizer); None = off
+    relation_names: list | None = None
 
 
 @dataclass
@@ -82,24 +85,41 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
     its tokenizer directory, and a line saying where it came from."""
 
     path = Path(cfg.init) if cfg.init not in ("packaged", "random") else None
-    if path is not None and is_export_dir(path):
-        model, source = load_pretrained(path, updates=cfg.model), f"VL-BERT export {path}"
-    elif cfg.init == "random":
-        model, source = VLBertForPretraining(model_config(cfg.model_preset, updates=cfg.model)), "random init"
-    else:
-        if path is not None and not path.exists():
-            raise FileNotFoundError(f"backbone.init: {path} does not exist (a VL-BERT export or a BERT directory; "
-                                    "run launch/pretrain.sh first, or pass backbone.init=packaged)")
-        bert = bert_source_dir(cfg.init)
-        model = VLBertForPretraining(config_from_hf(bert, cfg.model_preset, updates=cfg.model))
-        load_hf_bert(model, bert)
-        source = f"transformers BERT {bert} (vision layers new)"
     tok = cfg.tokenizer
     if tok is None and path is not None and (path / "vocab.txt").exists():
         tok = str(path)
     if tok is None and cfg.init == "packaged":
         tok = str(bert_source_dir("packaged"))
-    return model, str(resolve_bert_dir(tok)), source
+    tok = str(resolve_bert_dir(tok))
+    updates = dict(cfg.model)
+    if cfg.relation_names is not None:
+        updates["pair_relation_words"] = relation_word_ids(cfg.relation_names, load_tokenizer(tok))
+    if path is not None and is_export_dir(path):
+        model, source = load_pretrained(path, updates=updates), f"VL-BERT export {path}"
+    elif cfg.init == "random":
+        model, source = VLBertForPretraining(model_config(cfg.model_preset, updates=updates)), "random init"
+    else:
+        if path is not None and not path.exists():
+            raise FileNotFoundError(f"backbone.init: {path} does not exist (a VL-BERT export or a BERT directory; "
+                                    "run launch/pretrain.sh first, or pass backbone.init=packaged)")
+        bert = bert_source_dir(cfg.init)
+        model = VLBertForPretraining(config_from_hf(bert, cfg.model_preset, updates=updates))
+        load_hf_bert(model, bert)
+        source = f"transformers BERT {bert} (vision layers new)"
+    return model, tok, source
+
+
+def relation_word_ids(names, tokenizer) -> list[list[int]]:
+    """`backbone.relation_names` (the words for left, right, above, below) -> their word-piece ids."""
+    if not isinstance(names, (list, tuple)) or len(names) != len(RELATIONS) or \
+            not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"backbone.relation_names: expected {len(RELATIONS)} words, for {', '.join(RELATIONS)} in "
+                         f"that order; got {names!r}")
+    ids = [tokenizer(n, add_special_tokens=False)["input_ids"] for n in names]
+    for name, pieces in zip(names, ids):
+        if not pieces:
+            raise ValueError(f"backbone.relation_names: {name!r} has no word-pieces in the tokenizer")
+    return ids
 
 
 def read_box_files(paths: str, skips) -> dict:

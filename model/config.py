@@ -344,6 +344,27 @@ class VLBertConfig:
     # the relative ones at each query (`model.encoder.relative_geometry`). False = official.
     pair_geometry_values: bool = False
     pair_geometry_frequencies: int = 8  # sine/cosine frequencies per relative coordinate: 8 * this features
+    # A relation-name channel: each word that refers to a region (`word_region_index`: VCR's object tags) adds the
+    # word embeddings of the spatial relations its region has to every other region the sample's words refer to (their
+    # mean), as the region word channel gives a region the embedding of its detector's colour name. A pair's relation
+    # is the dominant axis of its centre offset in image units: region i is "left" of j when |dx| >= |dy| and
+    # dx < 0, "right" when dx >= 0, else "above" (dy < 0) or "below"; regions with one centre have none (the
+    # image-ablated control, whose regions are all the whole image, gets nothing). Four word-piece id lists, the
+    # names of left, right, above and below in that order (a finetune fills them from `backbone.relation_names`).
+    # The four candidate answers of a where question differ only in the relation word, and with geometry alone the
+    # finetune does not leave chance on them (docs/FINETUNE.md, session 68: a plateau, the word and the offset each
+    # cancelling over the candidates); the channel gives the answer's "right" a term to match in the first layer, as
+    # "red" matches a region's name. None = off (official).
+    pair_relation_words: list | None = None
+    # Which relations a referring word carries: "referred", those of its region to every other region the sample's
+    # words refer to (their mean; so in "[0] is left of [1]" the word [0] carries "left" and [1] "right", and the
+    # inverse answer "right" matches [1] as the true one matches [0]); "next_mention", the one of its region to the
+    # region of the first later word of its own segment (question, answer) that refers to another region, so a
+    # sentence's relation is read from its first mention to the next as English orders "X is left of Y" and "where
+    # is X compared to Y" ([0] carries "left", [1] nothing). On the demo's where questions alone (8 epochs from the
+    # step-0 export) val reads 50.0 with "referred" (the axis right, the direction not) and 67.0 with "next_mention",
+    # against 28.7 without the channel (docs/FINETUNE.md, session 69).
+    pair_relation_partners: str = "next_mention"
     mrc_head_norm: bool = True
     # The masked RoI head also predicts each region's attributes (the Fast R-CNN's attribute distribution, e.g.
     # colour), as `MaskedRoIClassificationHead.attributes`: pretraining's `losses.mrc_attribute_weight` gives the

@@ -66,6 +66,21 @@ def pair_geometry(boxes: torch.Tensor, frequencies: int) -> torch.Tensor:
     return torch.cat([diff.sin(), diff.cos()], -1).flatten(-2)
 
 
+RELATIONS = ("left", "right", "above", "below")  # `pair_relation_words`' order
+
+
+def pair_relations(boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, N, 4] normalised (x1, y1, x2, y2) -> the relation of each region i to each region j [B, N, N] (an index of
+    `RELATIONS`: the dominant axis of i's centre minus j's, ties to x) and whether it has one [B, N, N] (centres
+    apart; so never i to itself)."""
+    centre = (boxes[..., :2] + boxes[..., 2:]).float() / 2
+    d = centre.unsqueeze(2) - centre.unsqueeze(1)  # [B, N, N, 2]: i minus j
+    dx, dy = d[..., 0], d[..., 1]
+    horizontal = dx.abs() >= dy.abs()
+    index = torch.where(horizontal, (dx >= 0).long(), 2 + (dy >= 0).long())
+    return index, (dx != 0) | (dy != 0)
+
+
 def assemble_text(a_ids: torch.Tensor, a_mask: torch.Tensor, b_ids: torch.Tensor | None = None,
                   b_mask: torch.Tensor | None = None, *, cls_id: int, sep_id: int, pad_id: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -213,13 +228,16 @@ class VLBertEmbeddings(nn.Module):
         if cfg.visual_embedding != "vlbert":
             return out
         for kind, names in (("class", cfg.region_class_words), ("attribute", cfg.region_attribute_words),
-                            ("size", cfg.region_size_words)):
+                            ("size", cfg.region_size_words), ("relation", cfg.pair_relation_words)):
             if names is not None:
+                field_name = "pair_relation_words" if kind == "relation" else f"region_{kind}_words"
+                if kind == "relation" and (not isinstance(names, (list, tuple)) or len(names) != len(RELATIONS)):
+                    raise ValueError(f"pair_relation_words: expected {len(RELATIONS)} word-piece id lists, the names "
+                                     f"of {', '.join(RELATIONS)}; got {str(names)[:80]}")
                 ids, weights = word_table(names)
                 top = max(i for name in names for i in name)  # from the config: the tables may be on meta
                 if top >= cfg.vocab_size:
-                    raise ValueError(f"region_{kind}_words: word id {top} is outside the vocabulary "
-                                     f"({cfg.vocab_size})")
+                    raise ValueError(f"{field_name}: word id {top} is outside the vocabulary ({cfg.vocab_size})")
                 out[f"region_{kind}_word_ids"], out[f"region_{kind}_word_weights"] = ids, weights
         return out
 
@@ -254,8 +272,8 @@ class VLBertEmbeddings(nn.Module):
         return geometry_embedding(boxes_normalised, self.cfg.geometry_size)
 
     def name_embeddings(self, kind: str) -> torch.Tensor:
-        """[K, hidden]: each class (or attribute) name's word embedding, the mean of its pieces', read from the
-        live word-embedding matrix (so it trains with, and stays tied to, the words)."""
+        """[K, hidden]: each class (attribute, size, relation) name's word embedding, the mean of its pieces', read
+        from the live word-embedding matrix (so it trains with, and stays tied to, the words)."""
         ids, weights = getattr(self, f"region_{kind}_word_ids"), getattr(self, f"region_{kind}_word_weights")
         return (self.word_embeddings(ids) * weights.unsqueeze(-1).to(self.word_embeddings.weight.dtype)).sum(1)
 
@@ -271,6 +289,38 @@ class VLBertEmbeddings(nn.Module):
             if logits is not None:
                 terms.append(logits.float().softmax(-1).to(logits.dtype) @ self.name_embeddings(kind))
         return terms
+
+    def relation_name_terms(self, boxes: torch.Tensor, box_mask: torch.Tensor, word_region_index: torch.Tensor,
+                            token_type_ids: torch.Tensor) -> torch.Tensor:
+        """[B, T, hidden]: each referring word's relation names (`pair_relation_words`, `pair_relation_partners`) from
+        the regions' boxes [B, N, 4] (normalised), box_mask [B, N] and word_region_index [B, T] (-1: no region);
+        zeros for the other words. A pair whose centres coincide has no relation."""
+        index, apart = pair_relations(boxes)  # [B, N, N]
+        refers = word_region_index >= 0
+        region = word_region_index.clamp(min=0)
+        b, t = region.shape
+        n = index.shape[1]
+        if self.cfg.pair_relation_partners == "referred":
+            # every region a word refers to, itself and regions at its centre left out; the mean over the regions
+            referred = (torch.zeros(box_mask.shape, dtype=torch.long, device=boxes.device).scatter_add_(
+                1, region, refers.long()) > 0) & box_mask  # [B, N]: a sum, as scatter's overwrite has no order
+            weight = (apart & referred.unsqueeze(1)).to(torch.float32)  # [B, N(i), N(j)]
+            counts = torch.zeros(b, n, len(RELATIONS), device=boxes.device).scatter_add_(2, index, weight)
+            counts = counts / weight.sum(-1, keepdim=True).clamp(min=1.0)
+            counts = counts.gather(1, region.unsqueeze(-1).expand(b, t, len(RELATIONS))) * refers.unsqueeze(-1)
+        else:  # next_mention: the first later word of the same segment that refers to another region
+            rows = region.unsqueeze(-1).expand(b, t, n)
+            cols = region.unsqueeze(1).expand(b, t, t)
+            names = index.gather(1, rows).gather(2, cols)  # [B, T, T]: word t's region to word t''s region
+            pair_apart = apart.gather(1, rows).gather(2, cols)
+            later = torch.ones(t, t, dtype=torch.bool, device=boxes.device).triu(1)
+            partner = later & refers.unsqueeze(1) & refers.unsqueeze(2) & \
+                (token_type_ids.unsqueeze(1) == token_type_ids.unsqueeze(2)) & (cols != region.unsqueeze(-1))
+            first = partner & (partner.long().cumsum(-1) == 1)  # at most one per word
+            counts = torch.zeros(b, t, len(RELATIONS), device=boxes.device).scatter_add_(
+                2, names, (first & pair_apart).to(torch.float32))
+        table = self.name_embeddings("relation")
+        return counts.to(table.dtype) @ table
 
     def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
                              geometry: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -388,6 +438,12 @@ class VLBert(nn.Module):
         if (cfg.pair_geometry_bias or cfg.pair_geometry_values) and cfg.visual_embedding != "vlbert":
             raise ValueError("pair_geometry_bias / pair_geometry_values read VL-BERT's sequence of boxes: "
                              "visual_embedding must be 'vlbert'")
+        if cfg.pair_relation_partners not in ("referred", "next_mention"):
+            raise ValueError(f"pair_relation_partners: '{cfg.pair_relation_partners}' is not 'referred' or "
+                             "'next_mention'")
+        if cfg.pair_relation_words is not None and cfg.visual_embedding != "vlbert":
+            raise ValueError("pair_relation_words names the relations of VL-BERT's referred regions: visual_embedding "
+                             "must be 'vlbert'")
         if cfg.aligned_geometry and (cfg.visual_embedding != "vlbert" or cfg.region_word_alignment is None):
             raise ValueError("aligned_geometry gives aligned words their regions' geometry: set region_word_alignment "
                              "(and visual_embedding 'vlbert')")
@@ -651,6 +707,9 @@ class VLBert(nn.Module):
                 text = text + whole_image_term  # every word takes it: broadcast, not T projections
             else:
                 text = text + emb.text_visual_term(visual.gather(1, word_element.expand(bsz, t, visual.shape[-1])))
+            if cfg.pair_relation_words is not None and word_element is not None:
+                text = text + emb.relation_name_terms(boxes_norm[:, 1:], box_mask, word_region_index,
+                                                      token_type_ids).to(text.dtype)
             n_regions = visual.shape[1]
             if n_regions != n_visual:
                 raise ValueError(f"{n_regions - 1} region features for {n_visual - 1} boxes")

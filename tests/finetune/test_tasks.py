@@ -785,3 +785,16 @@ def test_train_images_keeps_every_example_of_a_nested_draw_of_images(demo_corpus
     assert drawn[2] < drawn[5]
     with pytest.raises(ValueError, match="train_images"):
         ImageSubset(data, len(set(image_of)) + 1, seed=0)
+
+
+def test_relation_names_become_their_word_pieces_in_the_backbones_tokenizer():
+    from finetune.common import relation_word_ids
+    from shards.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None)
+    ids = relation_word_ids(["left", "right", "above", "under the"], tok)
+    assert [tok.convert_ids_to_tokens(i) for i in ids] == [["left"], ["right"], ["above"], ["under", "the"]]
+    with pytest.raises(ValueError, match="relation_names: expected 4 words, for left, right, above, below"):
+        relation_word_ids(["left", "right"], tok)
+    with pytest.raises(ValueError, match="relation_names: '  ' has no word-pieces|relation_names: expected"):
+        relation_word_ids(["left", "right", "above", "  "], tok)

@@ -9,7 +9,17 @@ from model.config import model_config
 from model.encoder import KVBuffer
 from model.fast_rcnn import pixel_mask
 from model.hf_import import config_from_hf, load_hf_bert
-from model.vl_bert import VLBert, VLBertForPretraining, assemble_text, geometry_embedding, pair_geometry, real_positions
+from model.vl_bert import (
+    RELATIONS,
+    VLBert,
+    VLBertForPretraining,
+    assemble_text,
+    geometry_embedding,
+    pair_geometry,
+    pair_relations,
+    real_positions,
+)
+from shards import shapes_world
 from shards.tokenizer import packaged_bert_dir
 
 from .conftest import make_batch
@@ -938,6 +948,108 @@ def test_pair_geometry_embeds_the_key_boxs_offset_and_size_ratio_from_the_query_
                 boxes[0, i].tolist(), boxes[0, j].tolist(), 3)))
     # the lowest frequency's sine of the x offset: positive exactly when the key's centre is right of the query's
     assert feats[0, 0, 1, 0] > 0 and feats[0, 1, 0, 0] < 0 and feats[0, 2, 2, 0] == 0
+
+
+def test_pair_relations_name_what_the_demo_world_names():
+    """The channel's rule against the demo world's own `relation` (the one its VCR answers use) on random boxes of a
+    square picture, ties and equal offsets included."""
+    g = torch.Generator().manual_seed(0)
+    # integer centres on a coarse grid, sizes apart, in units of 1/32 (exact in floats): many ties |dx| = |dy|
+    centre = torch.randint(4, 12, (200, 2), generator=g).float()
+    half = torch.randint(1, 4, (200, 2), generator=g).float()
+    boxes = torch.cat([centre - half, centre + half], -1) / 32
+    index, apart = pair_relations(boxes.view(20, 10, 4))
+    objects = [shapes_world.ShapeObject("circle", "red", "small", tuple((b * 32).tolist())) for b in boxes]
+    ties = 0
+    for row in range(20):
+        for i in range(10):
+            for j in range(10):
+                a, b = objects[row * 10 + i], objects[row * 10 + j]
+                if a.centre == b.centre:
+                    assert not apart[row, i, j]
+                    continue
+                assert apart[row, i, j]
+                ties += abs(a.centre[0] - b.centre[0]) == abs(a.centre[1] - b.centre[1])
+                assert RELATIONS[index[row, i, j]] == shapes_world.relation(a, b).split()[0], (a.centre, b.centre)
+    assert ties > 50
+
+
+def relation_by_hand(box_a, box_b):
+    """The index in RELATIONS of box a's relation to box b, None when their centres coincide (the config's rule)."""
+    (ax1, ay1, ax2, ay2), (bx1, by1, bx2, by2) = box_a, box_b
+    dx, dy = (ax1 + ax2) / 2 - (bx1 + bx2) / 2, (ay1 + ay2) / 2 - (by1 + by2) / 2
+    if dx == 0 and dy == 0:
+        return None
+    return (0 if dx < 0 else 1) if abs(dx) >= abs(dy) else (2 if dy < 0 else 3)
+
+
+@pytest.mark.parametrize("partners", ["referred", "next_mention"])
+def test_relation_names_by_hand(tiny_cfg, partners):
+    """pair_relation_words: a word that refers to a region adds the embedding of its region's relations (names of
+    several pieces: their mean) to its partners: every other referred region (their mean), or the region of the
+    first later word of its segment that refers to another region. Words that refer to nothing, regions and [END] add
+    nothing, nor does a word whose region is the only one referred to, nor any word when every region is read as the
+    whole image (one centre)."""
+    names = [[10], [11], [12, 13], [14]]
+    torch.manual_seed(0)
+    updates = {"pair_relation_words": names, "pair_relation_partners": partners}
+    model = VLBertForPretraining(model_config("tiny", updates=updates)).eval()
+    plain = VLBertForPretraining(tiny_cfg).eval()
+    plain.load_state_dict(model.state_dict())
+    batch = make_batch()
+    t = batch["input_ids"].shape[1]
+    batch["token_type_ids"][0, 5:] = 1  # row 0: words 1-4 one segment, 5-7 another
+    refers = torch.full((2, t), -1)
+    refers[0, 1], refers[0, 2], refers[0, 3], refers[0, 4], refers[1, 2] = 2, 1, 0, 2, 1  # row 1: one region only
+    refers[0, 5], refers[0, 6] = 1, 3
+    table = model.vl_bert.embeddings.word_embeddings.weight.detach()
+    name = torch.stack([table[n].mean(0) for n in names])
+
+    def embedded(m, **kw):
+        with torch.no_grad():
+            return m.vl_bert.embed(batch["input_ids"], batch["text_mask"], batch["token_type_ids"],
+                                   images=batch["images"], image_sizes=batch["image_sizes"], boxes=batch["boxes"],
+                                   box_mask=batch["box_mask"], word_region_index=refers, **kw).x
+
+    _, boxes_norm, _ = model.vl_bert.region_features(images=batch["images"], image_sizes=batch["image_sizes"],
+                                                     boxes=batch["boxes"], box_mask=batch["box_mask"])
+    expected = torch.zeros_like(embedded(plain))
+    for row in range(2):
+        referred = sorted({int(r) for r in refers[row] if r >= 0})
+        for w in range(t):
+            r = int(refers[row, w])
+            if r < 0:
+                continue
+            if partners == "referred":
+                partner_regions = [q for q in referred if q != r]
+            else:
+                later = [int(refers[row, v]) for v in range(w + 1, t) if refers[row, v] >= 0 and refers[row, v] != r
+                         and batch["token_type_ids"][row, v] == batch["token_type_ids"][row, w]]
+                partner_regions = later[:1]
+            kinds = [relation_by_hand(boxes_norm[row, 1 + r].tolist(), boxes_norm[row, 1 + q].tolist())
+                     for q in partner_regions]
+            terms = [name[k] for k in kinds if k is not None]
+            if terms:
+                expected[row, w] = torch.stack(terms).mean(0)
+    assert expected[0, 1].abs().sum() > 0 and not expected[1].any()  # the case is not empty, row 1 gets nothing
+    if partners == "next_mention":  # words 3 and 4: no later other region in their segment; 6: the last
+        assert not expected[0, [4, 6]].any() and expected[0, 3].any() and expected[0, 5].any()
+    torch.testing.assert_close(embedded(model) - embedded(plain), expected, rtol=0, atol=1e-6)
+    whole = model_config("tiny", updates={**updates, "region_geometry": "whole_image"})
+    plain_whole = VLBertForPretraining(model_config("tiny", updates={"region_geometry": "whole_image"})).eval()
+    with_whole = VLBertForPretraining(whole).eval()
+    with_whole.load_state_dict(model.state_dict())
+    plain_whole.load_state_dict(model.state_dict())
+    torch.testing.assert_close(embedded(with_whole), embedded(plain_whole), rtol=0, atol=0)
+
+
+def test_relation_words_are_checked():
+    with pytest.raises(ValueError, match="pair_relation_partners: 'all'"):
+        VLBertForPretraining(model_config("tiny", updates={"pair_relation_partners": "all"}))
+    with pytest.raises(ValueError, match="pair_relation_words: expected 4"):
+        VLBertForPretraining(model_config("tiny", updates={"pair_relation_words": [[10], [11]]}))
+    with pytest.raises(ValueError, match="pair_relation_words: word id"):
+        VLBertForPretraining(model_config("tiny", updates={"pair_relation_words": [[10], [11], [12], [10 ** 7]]}))
 
 
 def test_pair_geometry_bias_adds_each_pairs_geometry_to_every_layers_logits(tiny_cfg):
