@@ -27,7 +27,7 @@ from shards.caption_inputs import load_box_file
 from shards.collate import pad_ids
 from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
 from shards.seeding import torch_generator
-from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
+from shards.tokenizer import bert_source_dir, load_tokenizer, name_word_pieces, resolve_bert_dir
 from train.engine import (
     EngineConfig,
     OptimConfig,
@@ -115,11 +115,7 @@ def relation_word_ids(names, tokenizer) -> list[list[int]]:
             not all(isinstance(n, str) and n.strip() for n in names):
         raise ValueError(f"backbone.relation_names: expected {len(RELATIONS)} words, for {', '.join(RELATIONS)} in "
                          f"that order; got {names!r}")
-    ids = [tokenizer(n, add_special_tokens=False)["input_ids"] for n in names]
-    for name, pieces in zip(names, ids):
-        if not pieces:
-            raise ValueError(f"backbone.relation_names: {name!r} has no word-pieces in the tokenizer")
-    return ids
+    return name_word_pieces(names, tokenizer, "backbone.relation_names")
 
 
 def read_box_files(paths: str, skips) -> dict:

@@ -345,8 +345,8 @@ class VLBertConfig:
     pair_geometry_values: bool = False
     pair_geometry_frequencies: int = 8  # sine/cosine frequencies per relative coordinate: 8 * this features
     # A relation-name channel: each word that refers to a region (`word_region_index`: VCR's object tags) adds the
-    # word embeddings of the spatial relations its region has to every other region the sample's words refer to (their
-    # mean), as the region word channel gives a region the embedding of its detector's colour name. A pair's relation
+    # word embedding of its region's spatial relation to a partner region (`pair_relation_partners`), as the region
+    # word channel gives a region the embedding of its detector's colour name. A pair's relation
     # is the dominant axis of its centre offset in image units: region i is "left" of j when |dx| >= |dy| and
     # dx < 0, "right" when dx >= 0, else "above" (dy < 0) or "below"; regions with one centre have none (the
     # image-ablated control, whose regions are all the whole image, gets nothing). Four word-piece id lists, the

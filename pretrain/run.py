@@ -34,7 +34,7 @@ from model.hf_import import load_hf_bert
 from model.vl_bert import VLBertForPretraining, real_positions
 from shards.caption_inputs import BOX_DISTRIBUTIONS, expand_paths
 from shards.reader import StreamLoader
-from shards.tokenizer import bert_source_dir, load_tokenizer, resolve_bert_dir
+from shards.tokenizer import bert_source_dir, load_tokenizer, name_word_pieces, resolve_bert_dir
 from train.engine import entry_point, to_device, usable_cores
 from train.run import Task, Training, run
 
@@ -69,13 +69,7 @@ def region_word_updates(path: str, tokenizer, groups=tuple(REGION_WORD_GROUPS)) 
         names = (vocab.get(key) or []) if key in groups else []
         if not names:
             continue
-        ids = []
-        for i, name in enumerate(names):
-            pieces = tokenizer(str(name).replace("_", " "), add_special_tokens=False)["input_ids"]
-            if not pieces:
-                raise ValueError(f"region_words: {path}: {key}[{i}] = {name!r} has no word-pieces")
-            ids.append(pieces)
-        out[field_name] = ids
+        out[field_name] = name_word_pieces(names, tokenizer, f"region_words: {path}: {key}")
     for field_name, count in (("region_attribute_words", "num_attributes"), ("region_size_words", "num_sizes")):
         if field_name in out:
             out.setdefault("fast_rcnn", {})[count] = len(out[field_name])

@@ -50,3 +50,15 @@ def load_tokenizer(path: str | None = None):
     from transformers import BertTokenizerFast
 
     return BertTokenizerFast.from_pretrained(str(resolve_bert_dir(path)), local_files_only=True)
+
+
+def name_word_pieces(names: list, tokenizer, field: str) -> list[list[int]]:
+    """Each name's word-piece ids (an underscore read as a space): the names that region words and relation names
+    give the model. A name with no pieces is an error naming `field[i]`."""
+    ids = []
+    for i, name in enumerate(names):
+        pieces = tokenizer(str(name).replace("_", " "), add_special_tokens=False)["input_ids"]
+        if not pieces:
+            raise ValueError(f"{field}[{i}] = {name!r} has no word-pieces")
+        ids.append(pieces)
+    return ids
