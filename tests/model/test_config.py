@@ -25,6 +25,13 @@ def test_yaml_and_overrides(tmp_path):
     assert cfg == Outer(name="demo", rate=2e-5, inner=Inner(size=9))
 
 
+def test_a_later_override_of_a_key_wins(tmp_path):
+    """What a launcher's own default relies on when it puts its override before the user's (launch/finetune_vcr.sh's
+    QA->R epochs)."""
+    cfg = load_config(Outer, None, ["rate=1.5", "inner.size=2", "rate=4", "inner.size=5"])
+    assert (cfg.rate, cfg.inner.size) == (4.0, 5)
+
+
 def test_unknown_keys_name_the_file_and_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("inner:\n  sise: 7\n")
