@@ -32,7 +32,8 @@ def main() -> int:
             panels[f"VQA other\n{n} images"] = got["VQA other (colour, shape)"]
     for name, label in (("refcoco_img15", "RefCOCO+ gt\n15 images"),
                         ("refcoco_detected_img15", "RefCOCO+ detected\n15 images"),
-                        ("vcr_img150", "VCR Q->A\n150 images")):
+                        ("vcr_img150", "VCR Q->A\n150 images"),
+                        ("vcr_img150_s70", "VCR Q->A, 150 images,\nrelation names (s70)")):
         if (HERE / f"{name}.json").exists():
             panels[label] = next(iter(report_panels(HERE / f"{name}.json").values()))
     fig, ax = plt.subplots(figsize=(14, 4.6))

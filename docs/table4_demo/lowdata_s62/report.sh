@@ -23,7 +23,8 @@ if [ -d "$out/refcoco_detected_noalign" ]; then
     > "$here/refcoco_detected_noalign_img15.json"
 fi
 # VCR's runs from one pair of exports at a time: session 63's (session 62's exports) are vcr_img150.json, session 65's
-# (session 64's exports) VCR_REPORT=vcr_img150_s65.json
+# (session 64's exports) VCR_REPORT=vcr_img150_s65.json, session 70's (the relation-name channel on, session 69's exports)
+# OUT=runs/lowdata_s70 VCR_REPORT=vcr_img150_s70.json
 if [ -d "$out/vcr" ]; then
   python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained \
     > "$here/${VCR_REPORT:-vcr_img150.json}"
