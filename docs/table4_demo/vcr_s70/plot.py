@@ -32,7 +32,8 @@ def kind_rows(path: Path, base: str, row: str) -> dict[str, dict]:
 
 
 def main() -> int:
-    panels = {"Q->A, default\n(2 epochs)": next(iter(report_panels(HERE / "default_qa_ablations_paired.json").values()))}
+    default = report_panels(HERE / "default_qa_ablations_paired.json")
+    panels = {"Q->A, default\n(2 epochs)": next(iter(default.values()))}
     halves = {r: kind_rows(HERE / f"default_qa{'' if r == 'pretrained' else '_' + r}_by_kind.json", "none", r)
               for r in ("pretrained", "no_mrc", "no_text")}
     for kind in ("colour", "where"):
