@@ -22,12 +22,12 @@ from tqdm import tqdm
 from model.config import model_config
 from model.export import image_preprocessing, is_export_dir, load_config_dir, load_pretrained, save_pretrained
 from model.hf_import import config_from_hf, load_hf_bert
-from model.vl_bert import RELATIONS, VLBert, VLBertForPretraining, assemble_text
+from model.vl_bert import VLBert, VLBertForPretraining, assemble_text
 from shards.caption_inputs import load_box_file
 from shards.collate import pad_ids
 from shards.images import SIZE_DIVISIBILITY, ImageConfig, collate_visual, load_image
 from shards.seeding import torch_generator
-from shards.tokenizer import bert_source_dir, load_tokenizer, name_word_pieces, resolve_bert_dir
+from shards.tokenizer import bert_source_dir, load_tokenizer, relation_word_ids, resolve_bert_dir
 from train.engine import (
     EngineConfig,
     OptimConfig,
@@ -93,7 +93,8 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
     tok = str(resolve_bert_dir(tok))
     updates = dict(cfg.model)
     if cfg.relation_names is not None:
-        updates["pair_relation_words"] = relation_word_ids(cfg.relation_names, load_tokenizer(tok))
+        updates["pair_relation_words"] = relation_word_ids(cfg.relation_names, load_tokenizer(tok),
+                                                            "backbone.relation_names")
     if path is not None and is_export_dir(path):
         model, source = load_pretrained(path, updates=updates), f"VL-BERT export {path}"
     elif cfg.init == "random":
@@ -107,15 +108,6 @@ def build_pretrained(cfg: BackboneConfig) -> tuple[VLBertForPretraining, str, st
         load_hf_bert(model, bert)
         source = f"transformers BERT {bert} (vision layers new)"
     return model, tok, source
-
-
-def relation_word_ids(names, tokenizer) -> list[list[int]]:
-    """`backbone.relation_names` (the words for left, right, above, below) -> their word-piece ids."""
-    if not isinstance(names, (list, tuple)) or len(names) != len(RELATIONS) or \
-            not all(isinstance(n, str) and n.strip() for n in names):
-        raise ValueError(f"backbone.relation_names: expected {len(RELATIONS)} words, for {', '.join(RELATIONS)} in "
-                         f"that order; got {names!r}")
-    return name_word_pieces(names, tokenizer, "backbone.relation_names")
 
 
 def read_box_files(paths: str, skips) -> dict:

@@ -290,6 +290,19 @@ class VLBertConfig:
     # then takes the small red object, not every small one and every red one; a neighbour that names nothing
     # counts for nothing). With k = 1 a shape word has one naming neighbour, and the two agree.
     alignment_neighbour_combine: str = "sum"
+    # Relation words align too: a word that is one of the relation names (`pair_relation_words`: left, right, above,
+    # below) aligns to the regions that stand in that relation to the object named beside it, as a name aligns to
+    # the regions it names. The object is the run of consecutive naming words nearest the relation word on each side,
+    # its first word within this many word-pieces (the regions all of them name, a product as
+    # `alignment_neighbour_combine`); "left" in "[a small blue triangle] left of a large red star" then aligns to the
+    # regions left of the large red star, and in "a small blue triangle left of [the masked phrase]" to those the
+    # triangle is left of, the relation of two boxes being `pair_relation_words`' dominant axis of their centres'
+    # offset. Through `alignment_neighbours` a whole masked phrase beside the relation word then holds the names of
+    # the object the sentence means, where the names alone leave every object in view (docs/ABLATION.md, session 71:
+    # relation words at the text-only level, whole phrases read at 0.1 of a perfect-vision reader). Regions whose
+    # centres coincide have no relation (the image-ablated control, every region the whole image, gets nothing).
+    # 0 = off; needs region_word_alignment and pair_relation_words, each name one word-piece.
+    relation_alignment_window: int = 0
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
     # "boxes": each region is its box. "whole_image": every region is read as the whole image (the Fast R-CNN
     # pools the whole image for it; its geometry embedding and size names are the whole image's), so the model

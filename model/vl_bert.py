@@ -323,7 +323,8 @@ class VLBertEmbeddings(nn.Module):
         return counts.to(table.dtype) @ table
 
     def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
-                             geometry: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+                             geometry: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+                             relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Each word's share of the region words of the regions its own embedding names: [B, T, hidden]; with
         geometry [B, R, hidden] (`aligned_geometry`), of those regions' geometry terms too, with the same weights.
 
@@ -333,25 +334,41 @@ class VLBertEmbeddings(nn.Module):
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
         embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
         content = sum(terms) if geometry is None else sum(terms) + geometry
-        return (self.alignment_weights(words, terms, candidates, valid).to(words.dtype) @ content).to(words.dtype)
+        weights = self.alignment_weights(words, terms, candidates, valid, relations)
+        return (weights.to(words.dtype) @ content).to(words.dtype)
 
     def alignment_weights(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
-                          valid: torch.Tensor | None = None) -> torch.Tensor:
+                          valid: torch.Tensor | None = None,
+                          relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """[B, T, R]: each word's weight on each region in `aligned_region_words` (a row sums to 1 minus its
         "no region" weight). With `alignment_neighbours` k and valid [B, T] (the real words), a word then adds,
         times its own "no region" weight, the sum of the weights of the valid words within k of it, scaled to
         sum to at most 1; with `alignment_neighbour_combine` "product", the product of the valid neighbours'
         normalised weights, each raised to the mass it names with, renormalised over the candidates and scaled
-        by that mass summed (at most 1)."""
+        by that mass summed (at most 1). relations (`relation_alignment_window`): (relation [B, T], the index in
+        `RELATIONS` of the relation name each word is, -1 for the others; the regions' normalised boxes [B, R, 4];
+        the real words [B, T]): a relation word's score on a region is also `relation_scores`' (the larger counts),
+        before the neighbours share it, and after them the unnamed words on the far side of its object take it in
+        the share left (`relation_reach`)."""
         cfg = self.cfg
         w = F.normalize(words.float(), dim=-1)  # [B, T, h]
         score = torch.stack([w @ F.normalize(part.float(), dim=-1).transpose(1, 2) for part in terms]).amax(0)
         score = score.masked_fill(~candidates.unsqueeze(1), float("-inf"))  # [B, T, R]
         none = score.new_full((*score.shape[:2], 1), cfg.region_word_alignment)
         weights = (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
+        reach = None
+        if relations is not None:
+            relation, boxes, real = relations
+            after, before = self.relation_scores(w, weights, candidates, relation, boxes, real)
+            unnamed = weights.sum(-1) <= 0.5  # [B, T]: the words that name no region by themselves
+            score = torch.maximum(score, torch.maximum(after, before))
+            weights = (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
+            # taken last, in the share the neighbours leave: where a word's neighbours name its object ("a small
+            # blue [MASK] left of ..."), their product is the sharper reading; the reach fills a whole masked phrase
+            reach = self.relation_reach(after, before, none, unnamed & real, relation)
         k = cfg.alignment_neighbours
         if not k or valid is None:
-            return weights
+            return weights if reach is None else weights + (1.0 - weights.sum(-1, keepdim=True)) * reach
         t = weights.shape[1]
         source = F.pad(weights * valid.unsqueeze(-1).to(weights.dtype), (0, 0, k, k))  # [B, T + 2k, R]
         offsets = [o for o in range(-k, k + 1) if o]  # 2k shifted views, no token loop
@@ -366,7 +383,100 @@ class VLBertEmbeddings(nn.Module):
             any_region = candidates.any(-1)[:, None, None]  # a row without regions takes none (and no NaN)
             near = torch.where(any_region, log_near.masked_fill(~any_region, 0.0).softmax(-1), 0.0)
             near = near * sum(m for m, _ in views).clamp(max=1.0)
-        return weights + (1.0 - weights.sum(-1, keepdim=True)) * near
+        weights = weights + (1.0 - weights.sum(-1, keepdim=True)) * near
+        return weights if reach is None else weights + (1.0 - weights.sum(-1, keepdim=True)) * reach
+
+    def relation_anchors(self, weights: torch.Tensor, candidates: torch.Tensor, real: torch.Tensor,
+                         relation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The object named beside each relation word, as a distribution over the regions, on each side: [B, T, R]
+        after it and [B, T, R] before it (rows of zeros where none).
+
+        weights [B, T, R]: each word's own alignment by name. A word names when it aligns with mass > 1/2; the
+        object on a side is the run of consecutive naming words nearest the relation word on that side, whose
+        first word lies within `relation_alignment_window` pieces of it, and its regions those all of the run's
+        words name: the product of their normalised distributions, each raised to its mass (as
+        `alignment_neighbour_combine` "product"). A run, not a window: "left of a small blue star and a red circle"
+        takes the star, not a compromise of the star and the circle. Tensor ops over [B, T, T], no token loop."""
+        b, t, r = weights.shape
+        mass = weights.sum(-1)  # [B, T]
+        naming = (mass > 0.5) & real
+        starts = naming & ~F.pad(naming, (1, 0))[:, :-1]
+        run = torch.where(naming, starts.long().cumsum(1), 0)  # [B, T]: each naming word's run, 0 for the others
+        position = torch.arange(t, device=weights.device)
+        offset = position.unsqueeze(0) - position.unsqueeze(1)  # [T(t), T(s)]: s - t
+        log_p = (weights / mass.unsqueeze(-1).clamp(min=1e-12)).clamp(min=1e-6).log()  # [B, T, R]
+        is_relation = (relation >= 0) & real
+        out = []
+        for side in (1, -1):  # after the relation word, then before it
+            near = (offset * side > 0) & (offset * side <= self.cfg.relation_alignment_window)  # [T, T]
+            reach = naming.unsqueeze(1) & near  # [B, T, T]: naming words within reach of each word
+            # the nearest of them: the first after it, the last before it
+            distance = torch.where(reach, (offset * side).expand(b, t, t), t + 1)
+            nearest = distance.argmin(-1)  # [B, T]
+            found = reach.any(-1) & is_relation
+            anchor_run = torch.where(found, run.gather(1, nearest), -1)  # [B, T]
+            side_of = (offset * side > 0).unsqueeze(0)
+            members = (run.unsqueeze(1) == anchor_run.unsqueeze(-1)) & naming.unsqueeze(1) & side_of  # [B, T, T]
+            log_anchor = (members.to(log_p.dtype) * mass.unsqueeze(1)) @ log_p  # [B, T, R]
+            log_anchor = log_anchor.masked_fill(~candidates.unsqueeze(1), float("-inf"))
+            # a row with no object (or no candidates) is filled before the softmax: no NaN, forward or backward
+            some = found.unsqueeze(-1) & candidates.any(-1)[:, None, None]
+            out.append(torch.where(some, log_anchor.masked_fill(~some, 0.0).softmax(-1), 0.0))
+        return out[0], out[1]
+
+    def relation_scores(self, w: torch.Tensor, weights: torch.Tensor, candidates: torch.Tensor,
+                        relation: torch.Tensor, boxes: torch.Tensor, real: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T, R] twice, from the object after the word and from the object before it: a relation word's alignment
+        score on each region from the relation the region stands in to the object named beside the word
+        (`relation_anchors`), -inf where it has none (every other word, a word with no object on that side, a region
+        in no relation to it).
+
+        The region's relation part is sum_k c_k E[relation name k], c_k the anchor's weight on the regions j for
+        which "region k-relation j" holds (the object after the word: "[region] left of [j]") or "j k-relation
+        region" holds (the object before it: "[j] left of [region]"), from the boxes' centres (`pair_relations`);
+        its score is the cosine of the word's embedding w [B, T, h] (unit) with that part, as a region's name parts
+        are scored (`alignment_weights`)."""
+        after, before = self.relation_anchors(weights, candidates, real, relation)  # [B, T, R] each
+        index, apart = pair_relations(boxes)  # [B, R(i), R(j)]: i's relation to j
+        holds = F.one_hot(index, len(RELATIONS)).to(after.dtype) * apart.unsqueeze(-1).to(after.dtype)  # [B, R, R, 4]
+        names = self.name_embeddings("relation").float()  # [4, h]
+        gram = names @ names.T  # [4, 4]
+        along = w @ names.T  # [B, T, 4]: the word's unit embedding on each name
+        sides = []
+        for counts in (torch.einsum("btj,bijk->btik", after, holds), torch.einsum("btj,bjik->btik", before, holds)):
+            # |sum_k c_k E_k|, kept off 0 (the square root's gradient there is infinite, and times 0 NaN)
+            norm = torch.einsum("btik,kl,btil->bti", counts, gram, counts).clamp(min=1e-24).sqrt()
+            cosine = torch.einsum("btik,btk->bti", counts, along) / norm
+            sides.append(cosine.masked_fill(counts.sum(-1) <= 1e-6, float("-inf")))  # [B, T, R]
+        keep = (relation >= 0).unsqueeze(-1) & candidates.unsqueeze(1)
+        return sides[0].masked_fill(~keep, float("-inf")), sides[1].masked_fill(~keep, float("-inf"))
+
+    def relation_reach(self, after: torch.Tensor, before: torch.Tensor, none: torch.Tensor, unnamed: torch.Tensor,
+                       relation: torch.Tensor) -> torch.Tensor:
+        """[B, T, R]: what the unnamed words beside a relation word take of it. The phrase a relation word relates
+        to its named object lies on the other side: "[a small blue triangle] left of a large red star", "a small
+        blue triangle left of [a large red star]". Each word of the run of unnamed words (a masked phrase, "of",
+        "it") that starts at the relation word on the side away from the object, up to 2 * window + 1 pieces, takes
+        the relation word's alignment from that object alone (after: `relation_scores`' first side, before: its
+        second; softmax against the "no region" option as the word's own), summed over such relation words and
+        scaled to at most 1, in the share its own alignment leaves; so the whole masked phrase holds the names of
+        the regions in that relation, where `alignment_neighbours` reaches its nearest pieces only."""
+        cfg = self.cfg
+        b, t, _ = after.shape
+        position = torch.arange(t, device=after.device)
+        offset = position.unsqueeze(1) - position.unsqueeze(0)  # [T(word), T(relation word)]: word minus relation
+        reach = 2 * cfg.relation_alignment_window + 1
+        # the number of named words up to each position: a run is unbroken when none lies between the two
+        named = torch.cumsum((~unnamed).long(), 1)  # [B, T]
+        between = (named.unsqueeze(2) - named.unsqueeze(1)).abs() - (~unnamed).long().unsqueeze(2)  # [B, T, T]
+        share = 0.0
+        for side, scores in ((-1, after), (1, before)):  # the words before a relation word take its object after
+            run = (offset * side > 0) & (offset * side <= reach)  # [T, T]
+            run = run.unsqueeze(0) & unnamed.unsqueeze(2) & (between == 0) & (relation >= 0).unsqueeze(1)
+            taken = (torch.cat([scores, none.expand(b, t, 1)], -1) * cfg.region_word_alignment_scale).softmax(-1)
+            share = share + run.to(taken.dtype) @ taken[..., :-1]  # [B, T(word), R]
+        return share / share.sum(-1, keepdim=True).clamp(min=1.0)
 
     def text_visual_term(self, visual: torch.Tensor) -> torch.Tensor:
         return self.visual_ln_text(self.visual_projection_text(visual))
@@ -450,6 +560,14 @@ class VLBert(nn.Module):
         if cfg.alignment_neighbours < 0 or (cfg.alignment_neighbours and cfg.region_word_alignment is None):
             raise ValueError(f"alignment_neighbours: {cfg.alignment_neighbours} shares the aligned words' regions with "
                              "their neighbours: a count >= 0, and > 0 needs region_word_alignment")
+        if cfg.relation_alignment_window < 0 or (cfg.relation_alignment_window and (
+                cfg.region_word_alignment is None or cfg.pair_relation_words is None)):
+            raise ValueError(f"relation_alignment_window: {cfg.relation_alignment_window} aligns relation words to the "
+                             "regions in that relation: a count >= 0, and > 0 needs region_word_alignment and "
+                             "pair_relation_words (pretraining: relation_names)")
+        if cfg.relation_alignment_window and any(len(name) != 1 for name in cfg.pair_relation_words):
+            raise ValueError("relation_alignment_window: each relation name must be one word-piece (the word that "
+                             f"aligns); pair_relation_words is {cfg.pair_relation_words}")
         if cfg.alignment_neighbour_combine not in ("sum", "product"):
             raise ValueError(f"alignment_neighbour_combine: '{cfg.alignment_neighbour_combine}' is not 'sum' or "
                              "'product'")
@@ -736,7 +854,13 @@ class VLBert(nn.Module):
                         candidates = candidates & aligned_words.unsqueeze(1)
                     where = emb.aligned_geometry_projection(geometry) if cfg.aligned_geometry else None
                     near = text_mask if neighbour_words is None else text_mask & neighbour_words.unsqueeze(1)
-                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, near)
+                    relations = None
+                    if cfg.relation_alignment_window:  # each word's relation name, by its (one-piece) id
+                        named = input_ids.unsqueeze(-1) == emb.region_relation_word_ids[:, 0]  # [B, T, 4]
+                        relation = torch.where(named.any(-1), named.long().argmax(-1), -1)
+                        words_only = text_mask & (input_ids != cfg.cls_token_id) & (input_ids != cfg.sep_token_id)
+                        relations = (relation, boxes_norm, words_only)
+                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, near, relations)
                 else:
                     terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)

@@ -50,6 +50,10 @@ class PretrainConfig:
     # which of the vocabulary's groups (classes, attributes, sizes) become region words; a group the file does not
     # have is skipped
     region_word_groups: list[str] = field(default_factory=lambda: ["classes", "attributes", "sizes"])
+    # the words for left, right, above and below in the tokenizer's language, tokenized into
+    # model.pair_relation_words: the names `model.relation_alignment_window` aligns relation words by (and a
+    # finetune's relation-name channel reads); None = none
+    relation_names: list[str] | None = None
     # the MLM head's transform when `bert` has none (the packaged MiniLM): "random" (BERT's init) or "readout"
     # (identity: the head starts by naming the word nearest the output state; MaskedLanguageModelingHead.
     # init_as_readout; with region_words the MRC head too, its classes read out by their names' embeddings).

@@ -34,7 +34,13 @@ from model.hf_import import load_hf_bert
 from model.vl_bert import VLBertForPretraining, real_positions
 from shards.caption_inputs import BOX_DISTRIBUTIONS, expand_paths
 from shards.reader import StreamLoader
-from shards.tokenizer import bert_source_dir, load_tokenizer, name_word_pieces, resolve_bert_dir
+from shards.tokenizer import (
+    bert_source_dir,
+    load_tokenizer,
+    name_word_pieces,
+    relation_word_ids,
+    resolve_bert_dir,
+)
 from train.engine import entry_point, to_device, usable_cores
 from train.run import Task, Training, run
 
@@ -73,6 +79,15 @@ def region_word_updates(path: str, tokenizer, groups=tuple(REGION_WORD_GROUPS)) 
     for field_name, count in (("region_attribute_words", "num_attributes"), ("region_size_words", "num_sizes")):
         if field_name in out:
             out.setdefault("fast_rcnn", {})[count] = len(out[field_name])
+    return out
+
+
+def name_updates(cfg: PretrainConfig, tokenizer) -> dict:
+    """The model config updates the names give: the detector vocabulary's (`region_words`) and the relation names
+    (`relation_names` -> model.pair_relation_words), in the pretraining tokenizer's word-pieces."""
+    out = region_word_updates(cfg.region_words, tokenizer, cfg.region_word_groups) if cfg.region_words else {}
+    if cfg.relation_names is not None:
+        out["pair_relation_words"] = relation_word_ids(cfg.relation_names, tokenizer)
     return out
 
 
@@ -151,8 +166,7 @@ class PretrainTask(Task):
         tokenizer_dir = str(resolve_bert_dir(cfg.data.tokenizer or (bert_source_dir(cfg.bert) if cfg.bert else None)))
         cfg.data.tokenizer = tokenizer_dir
         tokenizer = load_tokenizer(tokenizer_dir)
-        if cfg.region_words:
-            cfg.model = deep_merge(cfg.model, region_word_updates(cfg.region_words, tokenizer, cfg.region_word_groups))
+        cfg.model = deep_merge(cfg.model, name_updates(cfg, tokenizer))
         model_cfg = build_model_config(cfg)
         cfg.optim = build_optim_config(cfg)  # the Engine reads cfg.optim after build
         model = VLBertForPretraining(model_cfg)

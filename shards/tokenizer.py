@@ -62,3 +62,16 @@ def name_word_pieces(names: list, tokenizer, field: str) -> list[list[int]]:
             raise ValueError(f"{field}[{i}] = {name!r} has no word-pieces")
         ids.append(pieces)
     return ids
+
+
+def relation_word_ids(names, tokenizer, field: str = "relation_names") -> list[list[int]]:
+    """The words for left, right, above and below, in `model.vl_bert.RELATIONS`' order -> their word-piece ids
+    (`pair_relation_words`): a finetune's `backbone.relation_names`, pretraining's `relation_names`."""
+    # lazy: torch (~1 s to import) only where relation names are read, not where text alone is tokenized
+    from model.vl_bert import RELATIONS
+
+    if not isinstance(names, (list, tuple)) or len(names) != len(RELATIONS) or \
+            not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"{field}: expected {len(RELATIONS)} words, for {', '.join(RELATIONS)} in that order; got "
+                         f"{names!r}")
+    return name_word_pieces(names, tokenizer, field)

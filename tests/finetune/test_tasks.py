@@ -788,13 +788,12 @@ def test_train_images_keeps_every_example_of_a_nested_draw_of_images(demo_corpus
 
 
 def test_relation_names_become_their_word_pieces_in_the_backbones_tokenizer():
-    from finetune.common import relation_word_ids
-    from shards.tokenizer import load_tokenizer
+    from shards.tokenizer import load_tokenizer, relation_word_ids
 
     tok = load_tokenizer(None)
-    ids = relation_word_ids(["left", "right", "above", "under the"], tok)
+    ids = relation_word_ids(["left", "right", "above", "under the"], tok, "backbone.relation_names")
     assert [tok.convert_ids_to_tokens(i) for i in ids] == [["left"], ["right"], ["above"], ["under", "the"]]
-    with pytest.raises(ValueError, match="relation_names: expected 4 words, for left, right, above, below"):
-        relation_word_ids(["left", "right"], tok)
-    with pytest.raises(ValueError, match="relation_names: '  ' has no word-pieces|relation_names: expected"):
+    with pytest.raises(ValueError, match="backbone.relation_names: expected 4 words, for left, right, above, below"):
+        relation_word_ids(["left", "right"], tok, "backbone.relation_names")
+    with pytest.raises(ValueError, match="^relation_names: expected 4 words"):  # pretraining's field by default
         relation_word_ids(["left", "right", "above", "  "], tok)
