@@ -467,9 +467,11 @@ class VLBertEmbeddings(nn.Module):
         position = torch.arange(t, device=after.device)
         offset = position.unsqueeze(1) - position.unsqueeze(0)  # [T(word), T(relation word)]: word minus relation
         reach = 2 * cfg.relation_alignment_window + 1
-        # the number of named words up to each position: a run is unbroken when none lies between the two
+        # the number of named words ([CLS], [SEP] and padding count: a run stops there) up to each position: with the
+        # word unnamed (required below) and the relation word too (it names no region), their difference counts the
+        # named words between the two
         named = torch.cumsum((~unnamed).long(), 1)  # [B, T]
-        between = (named.unsqueeze(2) - named.unsqueeze(1)).abs() - (~unnamed).long().unsqueeze(2)  # [B, T, T]
+        between = (named.unsqueeze(2) - named.unsqueeze(1)).abs()  # [B, T(word), T(relation word)]
         share = 0.0
         for side, scores in ((-1, after), (1, before)):  # the words before a relation word take its object after
             run = (offset * side > 0) & (offset * side <= reach)  # [T, T]
