@@ -366,9 +366,18 @@ class VLBertEmbeddings(nn.Module):
             # taken last, in the share the neighbours leave: where a word's neighbours name its object ("a small
             # blue [MASK] left of ..."), their product is the sharper reading; the reach fills a whole masked phrase
             reach = self.relation_reach(after, before, none, unnamed & real, relation)
+        # each share is taken in what the word's alignment so far leaves: its own, then its neighbours', then the reach
+        if cfg.alignment_neighbours and valid is not None:
+            weights = weights + (1.0 - weights.sum(-1, keepdim=True)) * self.neighbour_share(weights, candidates, valid)
+        if reach is not None:
+            weights = weights + (1.0 - weights.sum(-1, keepdim=True)) * reach
+        return weights
+
+    def neighbour_share(self, weights: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """[B, T, R]: what each word takes of the valid words within `alignment_neighbours` of it
+        (`alignment_weights`), summed or as a product by `alignment_neighbour_combine`, at most 1 in all."""
+        cfg = self.cfg
         k = cfg.alignment_neighbours
-        if not k or valid is None:
-            return weights if reach is None else weights + (1.0 - weights.sum(-1, keepdim=True)) * reach
         t = weights.shape[1]
         source = F.pad(weights * valid.unsqueeze(-1).to(weights.dtype), (0, 0, k, k))  # [B, T + 2k, R]
         offsets = [o for o in range(-k, k + 1) if o]  # 2k shifted views, no token loop
@@ -383,8 +392,7 @@ class VLBertEmbeddings(nn.Module):
             any_region = candidates.any(-1)[:, None, None]  # a row without regions takes none (and no NaN)
             near = torch.where(any_region, log_near.masked_fill(~any_region, 0.0).softmax(-1), 0.0)
             near = near * sum(m for m, _ in views).clamp(max=1.0)
-        weights = weights + (1.0 - weights.sum(-1, keepdim=True)) * near
-        return weights if reach is None else weights + (1.0 - weights.sum(-1, keepdim=True)) * reach
+        return near
 
     def relation_anchors(self, weights: torch.Tensor, candidates: torch.Tensor, real: torch.Tensor,
                          relation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
