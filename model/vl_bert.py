@@ -67,6 +67,7 @@ def pair_geometry(boxes: torch.Tensor, frequencies: int) -> torch.Tensor:
 
 
 RELATIONS = ("left", "right", "above", "below")  # `pair_relation_words`' order
+NAME_KINDS = ("class", "attribute", "size", "relation")  # the name tables (`VLBertEmbeddings.name_embeddings`)
 
 
 def pair_relations(boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -271,27 +272,47 @@ class VLBertEmbeddings(nn.Module):
             boxes_normalised = torch.cat([(corner1 + corner2) / 2, corner2 - corner1], -1)
         return geometry_embedding(boxes_normalised, self.cfg.geometry_size)
 
-    def name_embeddings(self, kind: str) -> torch.Tensor:
+    def name_embeddings(self, kind: str, names: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """[K, hidden]: each class (attribute, size, relation) name's word embedding, the mean of its pieces', read
-        from the live word-embedding matrix (so it trains with, and stays tied to, the words)."""
-        ids, weights = getattr(self, f"region_{kind}_word_ids"), getattr(self, f"region_{kind}_word_weights")
-        return (self.word_embeddings(ids) * weights.unsqueeze(-1).to(self.word_embeddings.weight.dtype)).sum(1)
+        from the live word-embedding matrix (so it trains with, and stays tied to, the words); names: the tables
+        `words_and_names` already looked up, taken as they are."""
+        if names is not None:
+            return names[kind]
+        ids = getattr(self, f"region_{kind}_word_ids")
+        return self.weighted_names(kind, self.word_embeddings(ids))
+
+    def weighted_names(self, kind: str, pieces: torch.Tensor) -> torch.Tensor:
+        """[K, P, hidden] rows of a name table's pieces -> [K, hidden], each name the weighted sum of its pieces."""
+        weights = getattr(self, f"region_{kind}_word_weights")
+        return (pieces * weights.unsqueeze(-1).to(self.word_embeddings.weight.dtype)).sum(1)
+
+    def words_and_names(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """ids' word embeddings [*ids.shape, hidden] and every name table the config has (`name_embeddings`), in one
+        lookup: the backward of each lookup writes a dense [vocab, hidden] gradient that autograd then adds to the
+        others (47 MB for BERT's vocabulary); with a lookup per name table those were ~10% of the demo's step."""
+        kinds = [k for k in NAME_KINDS if getattr(self, f"region_{k}_word_ids", None) is not None]
+        tables = [getattr(self, f"region_{k}_word_ids") for k in kinds]
+        rows = self.word_embeddings(torch.cat([ids.flatten()] + [t.flatten() for t in tables]))
+        words, *pieces = rows.split([ids.numel()] + [t.numel() for t in tables])
+        names = {k: self.weighted_names(k, p.view(*t.shape, -1)) for k, t, p in zip(kinds, tables, pieces)}
+        return words.view(*ids.shape, -1), names
 
     def region_word_terms(self, class_logits: torch.Tensor | None, attribute_logits: torch.Tensor | None,
-                          size_logits: torch.Tensor | None = None) -> list[torch.Tensor]:
+                          size_logits: torch.Tensor | None = None,
+                          names: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
         """sum_c p(c) E[name_c] over the foreground classes, and the same over attributes and sizes: each
-        [B, R, hidden]."""
+        [B, R, hidden]. names: as `name_embeddings`."""
         terms = []
         if class_logits is not None:
             probs = class_logits[..., 1:].float().softmax(-1)  # a box is an object: background is no name
-            terms.append(probs.to(class_logits.dtype) @ self.name_embeddings("class")[1:])
+            terms.append(probs.to(class_logits.dtype) @ self.name_embeddings("class", names)[1:])
         for kind, logits in (("attribute", attribute_logits), ("size", size_logits)):
             if logits is not None:
-                terms.append(logits.float().softmax(-1).to(logits.dtype) @ self.name_embeddings(kind))
+                terms.append(logits.float().softmax(-1).to(logits.dtype) @ self.name_embeddings(kind, names))
         return terms
 
     def relation_name_terms(self, boxes: torch.Tensor, box_mask: torch.Tensor, word_region_index: torch.Tensor,
-                            token_type_ids: torch.Tensor) -> torch.Tensor:
+                            token_type_ids: torch.Tensor, names: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """[B, T, hidden]: each referring word's relation names (`pair_relation_words`, `pair_relation_partners`) from
         the regions' boxes [B, N, 4] (normalised), box_mask [B, N] and word_region_index [B, T] (-1: no region);
         zeros for the other words. A pair whose centres coincide has no relation."""
@@ -311,20 +332,21 @@ class VLBertEmbeddings(nn.Module):
         else:  # next_mention: the first later word of the same segment that refers to another region
             rows = region.unsqueeze(-1).expand(b, t, n)
             cols = region.unsqueeze(1).expand(b, t, t)
-            names = index.gather(1, rows).gather(2, cols)  # [B, T, T]: word t's region to word t''s region
+            pair_index = index.gather(1, rows).gather(2, cols)  # [B, T, T]: word t's region to word t''s region
             pair_apart = apart.gather(1, rows).gather(2, cols)
             later = torch.ones(t, t, dtype=torch.bool, device=boxes.device).triu(1)
             partner = later & refers.unsqueeze(1) & refers.unsqueeze(2) & \
                 (token_type_ids.unsqueeze(1) == token_type_ids.unsqueeze(2)) & (cols != region.unsqueeze(-1))
             first = partner & (partner.long().cumsum(-1) == 1)  # at most one per word
             counts = torch.zeros(b, t, len(RELATIONS), device=boxes.device).scatter_add_(
-                2, names, (first & pair_apart).to(torch.float32))
-        table = self.name_embeddings("relation")
+                2, pair_index, (first & pair_apart).to(torch.float32))
+        table = self.name_embeddings("relation", names)
         return counts.to(table.dtype) @ table
 
     def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
                              geometry: torch.Tensor | None = None, valid: torch.Tensor | None = None,
-                             relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                             relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                             names: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Each word's share of the region words of the regions its own embedding names: [B, T, hidden]; with
         geometry [B, R, hidden] (`aligned_geometry`), of those regions' geometry terms too, with the same weights.
 
@@ -334,12 +356,13 @@ class VLBertEmbeddings(nn.Module):
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
         embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
         content = sum(terms) if geometry is None else sum(terms) + geometry
-        weights = self.alignment_weights(words, terms, candidates, valid, relations)
+        weights = self.alignment_weights(words, terms, candidates, valid, relations, names)
         return (weights.to(words.dtype) @ content).to(words.dtype)
 
     def alignment_weights(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
                           valid: torch.Tensor | None = None,
-                          relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                          relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                          names: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """[B, T, R]: each word's weight on each region in `aligned_region_words` (a row sums to 1 minus its
         "no region" weight). With `alignment_neighbours` k and valid [B, T] (the real words), a word then adds,
         times its own "no region" weight, the sum of the weights of the valid words within k of it, scaled to
@@ -359,7 +382,7 @@ class VLBertEmbeddings(nn.Module):
         reach = None
         if relations is not None:
             relation, boxes, real = relations
-            after, before = self.relation_scores(w, weights, candidates, relation, boxes, real)
+            after, before = self.relation_scores(w, weights, candidates, relation, boxes, real, names)
             unnamed = weights.sum(-1) <= 0.5  # [B, T]: the words that name no region by themselves
             score = torch.maximum(score, torch.maximum(after, before))
             weights = (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
@@ -433,8 +456,8 @@ class VLBertEmbeddings(nn.Module):
         return out[0], out[1]
 
     def relation_scores(self, w: torch.Tensor, weights: torch.Tensor, candidates: torch.Tensor,
-                        relation: torch.Tensor, boxes: torch.Tensor, real: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        relation: torch.Tensor, boxes: torch.Tensor, real: torch.Tensor,
+                        names: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T, R] twice, from the object after the word and from the object before it: a relation word's alignment
         score on each region from the relation the region stands in to the object named beside the word
         (`relation_anchors`), -inf where it has none (every other word, a word with no object on that side, a region
@@ -448,9 +471,9 @@ class VLBertEmbeddings(nn.Module):
         after, before = self.relation_anchors(weights, candidates, real, relation)  # [B, T, R] each
         index, apart = pair_relations(boxes)  # [B, R(i), R(j)]: i's relation to j
         holds = F.one_hot(index, len(RELATIONS)).to(after.dtype) * apart.unsqueeze(-1).to(after.dtype)  # [B, R, R, 4]
-        names = self.name_embeddings("relation").float()  # [4, h]
-        gram = names @ names.T  # [4, 4]
-        along = w @ names.T  # [B, T, 4]: the word's unit embedding on each name
+        table = self.name_embeddings("relation", names).float()  # [4, h]
+        gram = table @ table.T  # [4, 4]
+        along = w @ table.T  # [B, T, 4]: the word's unit embedding on each name
         sides = []
         for counts in (torch.einsum("btj,bijk->btik", after, holds), torch.einsum("btj,bjik->btik", before, holds)):
             # |sum_k c_k E_k|, kept off 0 (the square root's gradient there is infinite, and times 0 NaN)
@@ -779,7 +802,11 @@ class VLBert(nn.Module):
             n_visual = boxes.shape[1] + 1
             ids = torch.cat([input_ids, input_ids.new_full((bsz, n_visual), cfg.img_token_id),
                              input_ids.new_full((bsz, 1), cfg.end_token_id)], 1)
-        words = emb.word_embeddings(ids)
+        names = None
+        if has_image and self.region_words:  # the name tables ride on the same lookup: one dense gradient still
+            words, names = emb.words_and_names(ids)
+        else:
+            words = emb.word_embeddings(ids)
         text = words[:, :t] + emb.position_embeddings(positions) + \
             emb.token_type_embeddings(token_type_ids)  # [B, T, hidden]
         region_logits = attribute_logits = layer_input = layer_bias = pair_angles = None
@@ -837,7 +864,7 @@ class VLBert(nn.Module):
                 text = text + emb.text_visual_term(visual.gather(1, word_element.expand(bsz, t, visual.shape[-1])))
             if cfg.pair_relation_words is not None and word_element is not None:
                 text = text + emb.relation_name_terms(boxes_norm[:, 1:], box_mask, word_region_index,
-                                                      token_type_ids).to(text.dtype)
+                                                      token_type_ids, names).to(text.dtype)
             n_regions = visual.shape[1]
             if n_regions != n_visual:
                 raise ValueError(f"{n_regions - 1} region features for {n_visual - 1} boxes")
@@ -855,7 +882,7 @@ class VLBert(nn.Module):
                 terms = emb.region_word_terms(
                     detector.object_classifier(appearance) if cfg.region_class_words is not None else None,
                     detector.attribute_classifier(appearance) if cfg.region_attribute_words is not None else None,
-                    detector.size_logits(boxes_norm) if cfg.region_size_words is not None else None)
+                    detector.size_logits(boxes_norm) if cfg.region_size_words is not None else None, names)
                 is_object = torch.cat([~whole, box_mask], 1)
                 token = token + sum(terms) * is_object.unsqueeze(-1).to(words.dtype)
                 if cfg.region_word_alignment is not None:  # a masked region names nothing: no word aligns to it
@@ -870,7 +897,8 @@ class VLBert(nn.Module):
                         relation = torch.where(named.any(-1), named.long().argmax(-1), -1)
                         words_only = text_mask & (input_ids != cfg.cls_token_id) & (input_ids != cfg.sep_token_id)
                         relations = (relation, boxes_norm, words_only)
-                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, near, relations)
+                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, near, relations,
+                                                           names)
                 else:
                     terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)

@@ -264,3 +264,62 @@ def test_the_far_side_takes_the_relation_in_the_share_the_neighbours_leave():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     # row 0's word 1 sits beside "left": its neighbour gives it the circle, the reach finds little share left
     assert float(got[0, 1, 1]) > 0.9 and float(reach[0, 0, 1]) > 0.9
+
+
+def embedding_backwards(loss: torch.Tensor, weight: torch.Tensor) -> int:
+    """How many embedding lookups of `weight` the backward of `loss` runs (each writes a dense [vocab, hidden]
+    gradient)."""
+    seen, stack, count = set(), [loss.grad_fn], 0
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__.startswith("EmbeddingBackward"):
+            count += any(getattr(n, "variable", None) is weight for n, _ in node.next_functions if n is not None)
+        stack += [n for n, _ in node.next_functions]
+    return count
+
+
+def test_the_names_ride_on_the_words_lookup():
+    """With class, attribute, size and relation names, a forward with an image looks the vocabulary up once (one
+    dense gradient, where a lookup per name table made five); the same sequence, bit for bit, as the names looked up
+    apart, and the same word-embedding gradient to rounding."""
+    cfg = model_config("tiny", updates={**WORDS_CFG, "relation_alignment_window": 3, "alignment_neighbours": 2,
+                                        "region_attribute_words": [[30], [31], [32, 33]],
+                                        "region_size_words": [[40], [41]],
+                                        "fast_rcnn": {"num_attributes": 3, "num_sizes": 2}})
+    torch.manual_seed(0)
+    model = VLBertForPretraining(cfg).eval()
+    emb = model.vl_bert.embeddings
+    batch = make_batch()
+    batch["input_ids"][0, 2], batch["input_ids"][1, 3] = 20, 23  # relation words, so their names are read too
+    weight = emb.word_embeddings.weight
+    ids = torch.tensor([[5, 8, 31, 40]])
+    words, names = emb.words_and_names(ids)
+    assert torch.equal(words, emb.word_embeddings(ids))
+    assert sorted(names) == ["attribute", "class", "relation", "size"]
+    for kind, table in names.items():
+        assert torch.equal(table, emb.name_embeddings(kind))
+    # the hand value: "large red" style two-piece name = the weighted sum of its pieces' rows
+    w = emb.region_attribute_word_weights[2]
+    assert torch.allclose(names["attribute"][2], w[0] * weight[32] + w[1] * weight[33])
+
+    def forward(apart: bool):
+        if apart:  # every name table from its own lookup, as before
+            original = emb.words_and_names
+            emb.words_and_names = lambda i: (emb.word_embeddings(i), None)
+        try:
+            out = model.vl_bert(batch["input_ids"], batch["text_mask"], batch["token_type_ids"],
+                                **{k: batch[k] for k in ("images", "image_sizes", "boxes", "box_mask")})
+        finally:
+            if apart:
+                emb.words_and_names = original
+        return out.last_hidden_state.square().sum()
+
+    shared, apart = forward(False), forward(True)
+    assert torch.equal(shared, apart)
+    assert embedding_backwards(shared, weight) == 1
+    assert embedding_backwards(apart, weight) == 5
+    grads = [torch.autograd.grad(loss, weight)[0] for loss in (shared, apart)]
+    assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
