@@ -213,6 +213,9 @@ class PretrainTask(Task):
         return Training(VLBertPretraining(model, cfg.losses), loader,
                         cfg.data.caption_batch_size + cfg.data.text_batch_size, count_batch=count_batch,
                         evaluate=evaluate, draw_batch=draw_batch if model_cfg.region_input == "pixels" else None,
+                        # the final grounding (`finish`) measures the last step on all the held-out images the
+                        # periodic one reads a few of, under the same TensorBoard names: ~20 s of the quick start
+                        evaluated_at_end=cfg.engine.export and cfg.grounding is not None,
                         run_info={"config": asdict(cfg), "model": asdict(model_cfg),
                                   "world_size": torch.distributed.get_world_size()})
 

@@ -610,12 +610,13 @@ def load_universal_whole(folder: Path, module: torch.nn.Module, optimizer: torch
 class Engine:
     def __init__(self, module: torch.nn.Module, loader, cfg: EngineConfig, optim: OptimConfig, *,
                  micro_batch_size: int, count_batch=None, draw_batch=None, run_info: dict | None = None,
-                 evaluate=None):
+                 evaluate=None, evaluated_at_end: bool = False):
         self.cfg, self.optim_cfg, self.loader = cfg, optim, loader
         self.count_batch = count_batch  # batch -> {"samples": n, "tokens": n, "images": n} (CPU tensors)
         self.draw_batch = draw_batch  # batch -> uint8 [3, H, W] image for TensorBoard
         # (module, device) -> {name: float}, called on every rank (ZeRO-3 forwards are collective)
         self.evaluate = evaluate
+        self.evaluated_at_end = evaluated_at_end  # the caller measures the last step's model: no evaluation there
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -980,7 +981,8 @@ class Engine:
                     sums, n_window = {}, 0
                     window = {"wait": 0.0, "step": 0.0}
                     counts = {k: 0.0 for k in counts}
-                if self.evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                if self.evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0 and not (
+                        self.evaluated_at_end and self.step == cfg.steps):
                     self._run_evaluation()
                 if bar is not None:
                     bar.update(1)

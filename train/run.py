@@ -29,6 +29,8 @@ class Training:
     micro_batch_size: int
     count_batch: Callable | None = None  # batch -> {"samples", "tokens", "images"} (throughput)
     evaluate: Callable | None = None  # (module, device) -> scalars, every engine.eval_every steps
+    # the task measures the final model itself (`finish`): the evaluator skips the last step rather than repeat it
+    evaluated_at_end: bool = False
     draw_batch: Callable | None = None  # batch -> uint8 [3, H, W] for TensorBoard
     run_info: dict = field(default_factory=dict)  # written beside the run's metrics
 
@@ -81,7 +83,8 @@ def run(task: Task, argv: list[str] | None = None) -> int:
     if training is not None:
         engine = Engine(training.module, training.loader, cfg.engine, cfg.optim,
                         micro_batch_size=training.micro_batch_size, count_batch=training.count_batch,
-                        draw_batch=training.draw_batch, evaluate=training.evaluate, run_info=training.run_info)
+                        draw_batch=training.draw_batch, evaluate=training.evaluate, run_info=training.run_info,
+                        evaluated_at_end=training.evaluated_at_end)
         last = engine.train(resume=args.resume, overwrite=args.overwrite)
     task.finish(engine, last, cfg, args, rank)
     torch.distributed.barrier()
