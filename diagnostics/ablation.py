@@ -159,8 +159,8 @@ def markdown(report: dict) -> str:
 
 class PeriodicDiagnostic:
     """The diagnostic on a small held-out set as an engine evaluator: model -> scalars for TensorBoard.
-    Every rank evaluates the same examples, so every rank makes the same forward calls (ZeRO-3 gathers
-    parameters collectively); the values agree and rank 0 logs them."""
+    Every rank that evaluates takes the same examples, so at ZeRO-3 (where every rank joins, as its forwards gather
+    parameters collectively) every rank makes the same forward calls; the values agree and rank 0 logs them."""
 
     def __init__(self, cfg: DiagnosticConfig, tokenizer, num_classes: int, extractor=None):
         self.cfg = cfg

@@ -13,7 +13,6 @@ import json
 import sys
 import tarfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from shards.tokenizer import (
     relation_word_ids,
     resolve_bert_dir,
 )
-from train.engine import entry_point, to_device, usable_cores
+from train.engine import entry_point, every_core, to_device
 from train.run import Task, Training, run
 
 from .config import PretrainConfig, build_model_config, build_optim_config
@@ -241,18 +240,6 @@ class PretrainTask(Task):
 
 def main(argv: list[str] | None = None) -> int:
     return run(PretrainTask(), argv)
-
-
-@contextmanager
-def every_core():
-    """Rank 0's final evaluations: the other ranks only wait at a barrier, so rank 0 may use every core (the
-    launcher gave each rank its share, e.g. OMP_NUM_THREADS=1 on 2 cores and 2 ranks)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, usable_cores()))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def final_ablation(engine, cfg: DiagnosticConfig, run_dir: Path, tokenizer) -> None:

@@ -35,6 +35,7 @@ import time
 import traceback
 import types
 import uuid
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -240,6 +241,18 @@ def entry_point(main) -> int:
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity: a scheduler's cgroup or taskset, not the machine's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@contextmanager
+def every_core():
+    """Work rank 0 does alone while the other ranks wait at a barrier (evaluations): it may use every core (the
+    launcher gave each rank its share, e.g. OMP_NUM_THREADS=1 on 2 cores and 2 ranks)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, usable_cores()))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def seed_rank(seed: int, rank: int) -> None:
@@ -614,7 +627,8 @@ class Engine:
         self.cfg, self.optim_cfg, self.loader = cfg, optim, loader
         self.count_batch = count_batch  # batch -> {"samples": n, "tokens": n, "images": n} (CPU tensors)
         self.draw_batch = draw_batch  # batch -> uint8 [3, H, W] image for TensorBoard
-        # (module, device) -> {name: float}, called on every rank (ZeRO-3 forwards are collective)
+        # (module, device) -> {name: float}: on rank 0 alone below ZeRO-3, on every rank at ZeRO-3 (its forwards are
+        # collective); `_run_evaluation`
         self.evaluate = evaluate
         self.evaluated_at_end = evaluated_at_end  # the caller measures the last step's model: no evaluation there
         self.run_dir = Path(cfg.run_dir)
@@ -1060,16 +1074,26 @@ class Engine:
         return [f"{source}/{k}" for source in ("caption", "text") if isinstance(batch.get(source), dict)
                 for k in batch[source].get("keys", [])] + [str(k) for k in batch.get("keys", [])]
 
-    def _run_evaluation(self) -> dict[str, float]:
+    def _run_evaluation(self) -> dict[str, float] | None:
+        """The evaluator on the live model; rank 0's scalars (None on the others). Below ZeRO-3 every rank holds the
+        whole module, so rank 0 evaluates alone on every core while the others wait (on 2 CPU ranks 0.6 of the time
+        both ranks took on one core each); at ZeRO-3 forwards gather parameters collectively and every rank joins.
+        The evaluators draw no random numbers, so a rank that skips one trains on exactly as it would have."""
+        alone = self.world > 1 and self.cfg.zero_stage < 3
+        if alone and self.rank != 0:
+            self._barrier()
+            return None
         start = time.perf_counter()
         self.engine.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), every_core() if alone else nullcontext():
                 scalars = dict(self.evaluate(self.engine.module, self.device))
         finally:
             self.engine.train()
         scalars["eval/seconds"] = time.perf_counter() - start
         self.write_scalars(scalars, "eval.jsonl")
+        if alone:
+            self._barrier()
         return scalars
 
     def _record_keys(self, keys: list[str]) -> None:

@@ -477,6 +477,38 @@ def test_periodic_evaluators_run_on_a_module_in_deepspeed_bf16_mode(demo_corpus)
         assert values[key] == pytest.approx(reference[key], rel=0.05), key
 
 
+def test_periodic_evaluators_draw_no_random_numbers(demo_corpus):
+    """Below ZeRO-3 rank 0 runs the periodic evaluators alone (`train.engine.Engine._run_evaluation`): the other
+    ranks then train on exactly as they would have only if the evaluators leave every random stream where it was."""
+    import random
+
+    import numpy as np
+
+    from diagnostics.ablation import PeriodicDiagnostic
+    from diagnostics.config import GroundingConfig
+    from diagnostics.grounding import GroundingEval, scalars
+    from shards.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None)
+    raw = demo_corpus / "raw"
+    held_out = dict(flickr_root=str(raw / "flickr30k_entities"), images=str(raw / "images"),
+                    boxes=str(raw / "flickr30k_entities" / "boxes_val.jsonl"), short_side=64, long_side=96)
+    diagnostic = PeriodicDiagnostic(_demo_cfg(demo_corpus, max_examples=6), tok, 9)
+    grounding = GroundingEval(GroundingConfig(**held_out, max_images=2), tok)
+    model = VLBertForPretraining(model_config("tiny", updates={
+        "vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103,
+        "standardise_appearance": True, "region_class_words": [[2000 + i] for i in range(9)],
+        "region_word_alignment": 0.7, "fast_rcnn": {"roi_output_size": 4}})).eval()
+    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    diagnostic(model, "cpu")
+    scalars(grounding.summarise(grounding(model, "cpu", progress=False)))
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert (np.random.get_state()[1] == before[1]).all() and random.getstate() == before[2]
+    torch.rand(1)  # the check can fail: a draw moves the stream
+    assert not torch.equal(torch.get_rng_state(), before[0])
+
+
 def test_other_image_shows_each_phrase_the_next_image_of_its_batch():
     """`other_image`: row i scored as `none` scores it when its pixels, image size, boxes and box mask are another
     image's (built by hand here); a batch of one image scores nothing (NaN)."""
