@@ -9,9 +9,10 @@ caption (a masked covered region can only be classified from language).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -146,6 +147,16 @@ def render(scene: Scene, rng: random.Random) -> Image.Image:
 def visible_fractions(scene: Scene) -> list[float]:
     """Per object, the fraction of its drawn pixels that no later object draws over (1: in full view, 0:
     hidden): what of it an image shows, however good the detector."""
+    # every caption of a scene asks again (~10 times a scene in the demo corpus: half its build time drawing the same
+    # silhouettes); the answer depends on the size and the objects only, so it is kept by their values
+    key = (scene.width, scene.height, tuple(astuple(o) for o in scene.objects))
+    return list(_visible_fractions(key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _visible_fractions(key: tuple) -> tuple[float, ...]:
+    width, height, objects = key
+    scene = Scene(width, height, (0, 0, 0), [ShapeObject(*fields) for fields in objects])
     seen = np.full((scene.height, scene.width), -1)  # the index of the last object drawn at each pixel
     area = []
     for k, obj in enumerate(scene.objects):
@@ -155,7 +166,7 @@ def visible_fractions(scene: Scene) -> list[float]:
         area.append(int(drawn.sum()))
         seen[drawn] = k
     counts = np.bincount(seen.ravel() + 1, minlength=len(scene.objects) + 1)[1:]
-    return [float(c / a) if a else 0.0 for c, a in zip(counts, area)]
+    return tuple(float(c / a) if a else 0.0 for c, a in zip(counts, area))
 
 
 def relation(a: ShapeObject, b: ShapeObject) -> str:
