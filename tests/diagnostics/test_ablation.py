@@ -446,21 +446,28 @@ def test_an_image_ablated_model_has_nothing_to_ablate():
     torch.testing.assert_close(sighted_ab.vision_for_language(b, "grey"), none)
 
 
-def test_periodic_evaluators_run_on_a_module_in_deepspeed_bf16_mode(demo_corpus):
-    """DeepSpeed's bf16 casts the module, and the engine's periodic evaluators get that module: the diagnostic's
-    fills (fp32 averages) and the grounding eval's inputs must meet bf16 weights (an H200 run failed here), and
-    give the fp32 module's figures to bf16's precision."""
+def _periodic_evaluators(demo_corpus):
+    """The engine's two periodic evaluators on a few held-out demo phrases and images (as pretraining builds them)."""
     from diagnostics.ablation import PeriodicDiagnostic
     from diagnostics.config import GroundingConfig
-    from diagnostics.grounding import GroundingEval, scalars
+    from diagnostics.grounding import GroundingEval
     from shards.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None)
     raw = demo_corpus / "raw"
     held_out = dict(flickr_root=str(raw / "flickr30k_entities"), images=str(raw / "images"),
                     boxes=str(raw / "flickr30k_entities" / "boxes_val.jsonl"), short_side=64, long_side=96)
-    diagnostic = PeriodicDiagnostic(_demo_cfg(demo_corpus, max_examples=6), tok, 9)
-    grounding = GroundingEval(GroundingConfig(**held_out, max_images=2), tok)
+    return (PeriodicDiagnostic(_demo_cfg(demo_corpus, max_examples=6), tok, 9),
+            GroundingEval(GroundingConfig(**held_out, max_images=2), tok))
+
+
+def test_periodic_evaluators_run_on_a_module_in_deepspeed_bf16_mode(demo_corpus):
+    """DeepSpeed's bf16 casts the module, and the engine's periodic evaluators get that module: the diagnostic's
+    fills (fp32 averages) and the grounding eval's inputs must meet bf16 weights (an H200 run failed here), and
+    give the fp32 module's figures to bf16's precision."""
+    from diagnostics.grounding import scalars
+
+    diagnostic, grounding = _periodic_evaluators(demo_corpus)
     # the demo config's model: standardised appearance, region words from the detector's heads, aligned words
     model = VLBertForPretraining(model_config("tiny", updates={
         "vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103,
@@ -484,17 +491,9 @@ def test_periodic_evaluators_draw_no_random_numbers(demo_corpus):
 
     import numpy as np
 
-    from diagnostics.ablation import PeriodicDiagnostic
-    from diagnostics.config import GroundingConfig
-    from diagnostics.grounding import GroundingEval, scalars
-    from shards.tokenizer import load_tokenizer
+    from diagnostics.grounding import scalars
 
-    tok = load_tokenizer(None)
-    raw = demo_corpus / "raw"
-    held_out = dict(flickr_root=str(raw / "flickr30k_entities"), images=str(raw / "images"),
-                    boxes=str(raw / "flickr30k_entities" / "boxes_val.jsonl"), short_side=64, long_side=96)
-    diagnostic = PeriodicDiagnostic(_demo_cfg(demo_corpus, max_examples=6), tok, 9)
-    grounding = GroundingEval(GroundingConfig(**held_out, max_images=2), tok)
+    diagnostic, grounding = _periodic_evaluators(demo_corpus)
     model = VLBertForPretraining(model_config("tiny", updates={
         "vocab_size": 30522, "cls_token_id": 101, "sep_token_id": 102, "mask_token_id": 103,
         "standardise_appearance": True, "region_class_words": [[2000 + i] for i in range(9)],
