@@ -223,6 +223,9 @@ def build_demo(out: str | Path = "data/demo", *, n_images: int = 2000, n_val: in
             demo_tasks.write_all(raw, seed)
         elif json.loads(refcoco.read_text()).get("info", {}).get("version") != demo_tasks.REFCOCO_VERSION:
             demo_tasks.write_refcoco(raw, seed)  # built with expressions that did not pick out one object
+        vcr_version = raw / "vcr" / "version.txt"
+        if not vcr_version.exists() or vcr_version.read_text().strip() != demo_tasks.VCR_VERSION:
+            demo_tasks.write_vcr(raw, seed)  # built with rationales that restated their answers
         if not (raw / "retrieval" / "dataset_flickr30k.json").exists():  # built before retrieval existed
             demo_tasks.write_retrieval(raw, seed)
         detection = raw / "detection" / "instances_val.json"

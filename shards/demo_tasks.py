@@ -4,7 +4,8 @@
                   v2_mscoco_{split}_annotations.json (10 human answers each, with a little disagreement
                   and the surface variation real annotators show: "2" / "two", "Red", "a circle")
   raw/vcr/        VCR: {train,val,test}.jsonl (tokens with object references as index lists) and
-                  per-image metadata JSON (boxes with scores, names, width, height)
+                  per-image metadata JSON (boxes with scores, names, width, height); rationales that cite
+                  the picture (`vcr_item`), and version.txt (`VCR_VERSION`)
   raw/refcoco+/   the refer toolkit's refs(unc).p and instances.json (COCO format, bbox x, y, w, h),
                   plus detections in MAttNet's list format (dets.json)
   raw/retrieval/  dataset_flickr30k.json in Karpathy's split format (the Flickr30k/COCO retrieval file:
@@ -33,6 +34,11 @@ RELATIONS = ["left of", "right of", "above", "below"]
 # fitted more than one object, the best possible accuracy 89.9%; and 8.6% named an object mostly hidden by later
 # ones, on which both finetuned models scored 64-70 against 96 in full view)
 REFCOCO_VERSION = "2"
+# 2: each rationale cites a fact of the picture that words cannot check (vcr_item); version 1's restated its answer
+VCR_VERSION = "2"
+# how a rationale words the centres' comparison a relation names
+RELATION_REASON = {"left of": "further left than", "right of": "further right than", "above": "higher than",
+                   "below": "lower than"}
 
 
 def _scenes(raw: Path):
@@ -142,26 +148,35 @@ def _where(o: sw.ShapeObject, scene: sw.Scene) -> str:
     return "on the left" if o.centre[0] < scene.width / 2 else "on the right"
 
 
-def vcr_item(scene: sw.Scene, rng: random.Random) -> dict | None:
-    """One VCR-style question with 4 answers and 4 rationales; object references are index lists."""
+def vcr_item(scene: sw.Scene, rng: random.Random, evidence_rng: random.Random | None = None) -> dict | None:
+    """One VCR-style question with 4 answers and 4 rationales; object references are index lists.
+
+    Every rationale agrees with the right answer and adds one fact about the picture, true in one of them alone, as
+    real VCR's rationales cite evidence in the image: for a colour question where its object is against the other
+    one (the four relations), for a where question its object's colour (the true one and three others). Words alone
+    cannot pick the right rationale; before version 2 each restated its own candidate answer, and a reader of the
+    answer's words picked it every time (docs/FINETUNE.md, session 70). `evidence_rng` draws the other colours, so
+    `rng` draws what it drew before (the questions and answers are those of version 1)."""
     visible = [i for i, o in enumerate(scene.objects) if not o.covered]
     if len(visible) < 2:
         return None
+    evidence_rng = evidence_rng or rng
     i, j = rng.sample(visible, 2)
     a, b = scene.objects[i], scene.objects[j]
+    true = sw.relation(a, b)
     if rng.random() < 0.5:
         question = ["what", "color", "is", [i], "?"]
         options = [a.colour] + rng.sample([c for c in sw.COLOURS if c != a.colour], 3)
         answers = [[[i], "is", c, "."] for c in options]
-        reasons = [[[i], "is", "the", a.size, c, "shape", *_where(a, scene).split(), "."] for c in options]
+        relations = [true] + [r for r in RELATIONS if r != true]
+        reasons = [[[i], "is", "the", a.colour, "shape", *r.split(), [j], "."] for r in relations]
     else:
         question = ["where", "is", [i], "compared", "to", [j], "?"]
-        true = sw.relation(a, b)
         options = [true] + [r for r in RELATIONS if r != true]
         answers = [[[i], "is", *r.split(), [j], "."] for r in options]
-        rel_reason = {"left of": "further left than", "right of": "further right than", "above": "higher than",
-                      "below": "lower than"}
-        reasons = [["the", "centre", "of", [i], "is", *rel_reason[r].split(), "that", "of", [j], "."] for r in options]
+        colours = [a.colour] + evidence_rng.sample([c for c in sw.COLOURS if c != a.colour], 3)
+        reasons = [["the", c, "shape", [i], "is", *RELATION_REASON[true].split(), [j], "."]
+                   for c in colours]
     order_a, order_r = rng.sample(range(4), 4), rng.sample(range(4), 4)
     return {"question": question, "answer_choices": [answers[k] for k in order_a],
             "rationale_choices": [reasons[k] for k in order_r], "answer_label": order_a.index(0),
@@ -175,13 +190,14 @@ def write_vcr(raw: Path, seed: int) -> Path:
     try:
         for index, image, world, is_val in _scenes(raw):
             rng = python_rng(seed, "demo vcr", index)
+            evidence_rng = python_rng(seed, "demo vcr evidence", index)
             split = ("val" if index % 2 == 0 else "test") if is_val else "train"
             meta = f"vcr/metadata/{index:06d}.json"
             (raw / meta).write_text(json.dumps({
                 "boxes": [[*o.box, 1.0] for o in world.objects], "segms": [[] for _ in world.objects],
                 "names": [o.category for o in world.objects], "width": world.width, "height": world.height}))
             for k in range(2):
-                item = vcr_item(world, rng)
+                item = vcr_item(world, rng, evidence_rng)
                 if item is None:
                     continue
                 record = {"movie": "shapes_world", "objects": [o.category for o in world.objects],
@@ -196,6 +212,9 @@ def write_vcr(raw: Path, seed: int) -> Path:
     finally:
         for f in files.values():
             f.close()
+    # VCR's format has no version field: a corpus built before VCR_VERSION is told by this file (shards.demo), written
+    # last so that a build stopped half way is rebuilt
+    (out / "version.txt").write_text(VCR_VERSION + "\n")
     return out
 
 

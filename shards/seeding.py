@@ -34,6 +34,7 @@ PURPOSES = (
     "bench pools",        # bench/padding.py's length pools
     "image shuffle",      # the shuffled-image control's pairing of captions with images (shards/batching.py)
     "training images",    # the order a finetuning's `train_images` subset takes the training images in
+    "demo vcr evidence",  # the other colours one demo image's VCR rationales cite (appended: an index is a stream)
 )
 
 

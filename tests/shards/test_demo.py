@@ -172,6 +172,43 @@ def test_demo_vqg_data_in_vqg_coco_format_and_answerable(demo_corpus):
                     assert any(o["covered"] for o in scene["objects"])
 
 
+def _where_by_centres(a: dict, b: dict) -> str:
+    """a against b along the axis their centres differ most, worked from the boxes here."""
+    dx = (a["box"][0] + a["box"][2] - b["box"][0] - b["box"][2]) / 2
+    dy = (a["box"][1] + a["box"][3] - b["box"][1] - b["box"][3]) / 2
+    if abs(dx) >= abs(dy):
+        return "left of" if dx < 0 else "right of"
+    return "above" if dy < 0 else "below"
+
+
+def _check_rationales(record: dict, objects: list[dict]) -> None:
+    """VCR's rationales cite the picture: all four agree with the right answer, differ in one fact of the image (the
+    colour question's object against the other one; the where question's object's colour), true in the labelled one
+    alone, so words cannot pick it."""
+    answer = record["answer_choices"][record["answer_label"]]
+    rationales = record["rationale_choices"]
+    i = next(t for t in record["question"] if isinstance(t, list))[0]
+    tags = [[t for t in c if isinstance(t, list)] for c in rationales]
+    j = tags[0][-1][0]
+    assert all(t == tags[0] for t in tags) and i != j
+    facts = []
+    for c in rationales:
+        words = " ".join(t for t in c if isinstance(t, str) and t != ".")
+        if record["question"][:2] == ["what", "color"]:
+            assert f"the {answer[2]} shape" in words  # the right answer's colour, in every one
+            facts.append(next(r for r in ("left of", "right of", "above", "below") if words.endswith(r)))
+        else:
+            relation = " ".join(w for w in answer if isinstance(w, str) and w != ".").split(" ", 1)[1]
+            comparison = {"left of": "further left than", "right of": "further right than", "above": "higher than",
+                          "below": "lower than"}[relation]
+            assert words.endswith(comparison)  # the right answer's relation, in every one
+            facts.append(words.split()[1])
+    assert len(set(facts)) == 4  # one fact apart: the words besides it are the same in all four
+    truth = objects[i]["colour"] if record["question"][:2] != ["what", "color"] else \
+        _where_by_centres(objects[i], objects[j])
+    assert [k for k, f in enumerate(facts) if f == truth] == [record["rationale_label"]]
+
+
 def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
     """VQA answers, VCR labels and RefCOCO+ referents, read by the tasks' own readers, agree with the
     scene annotations they were drawn from."""
@@ -205,6 +242,7 @@ def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
         answer = r["answer_choices"][r["answer_label"]]
         if r["question"][:2] == ["what", "color"]:
             assert answer[2] == scene["objects"][r["question"][3][0]]["colour"]
+        _check_rationales(r, scene["objects"])
     images, anns, _ = read_instances(raw / "refcoco+/instances.json")
     refs = read_refs(raw / "refcoco+/refs(unc).p")
     assert {r["split"] for r in refs} >= {"train", "val"}
