@@ -2,7 +2,8 @@
 the rationale that restates the answer's colour word, or its relation as a comparison of the two centres ("above" ->
 "higher", "left of" -> "further left"), reading no image and no box. A reader that needs no image bounds what
 pretraining's grounding can add to the subtask (docs/FINETUNE.md, session 70). With --predictions, each finetuned
-run's QA->R accuracy per question kind beside it.
+run's QA->R accuracy per question kind beside it. Since session 74 (`shards.demo_tasks.VCR_VERSION` 2) every rationale
+agrees with the right answer and the reader finds all four consistent (`unique` 0).
 
     python docs/table4_demo/vcr_s70/text_rule.py --records data/demo/raw/vcr/val.jsonl data/demo/raw/vcr/train.jsonl \
         [--predictions ROW=RUN/qar/predictions_val.json ...] [--out OUT.json]
