@@ -18,18 +18,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from docs.table4_demo.bars import bars, report_panels, save  # noqa: E402
+from docs.table4_demo.bars import bars, kind_rows, report_panels, save  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROWS = {"none": "no VL pretraining (step 0)", "pretrained": "VL pretrained (the quick start)",
         "control": "grey-image control (sees no image)"}
-
-
-def kind_rows(path: Path, base: str, row: str) -> dict[str, dict]:
-    """{kind: {base: {mean, ci95}, row: ...}} from a kind_pair.py report."""
-    rep = json.loads(path.read_text())
-    return {k: {base: {"mean": rep[k]["base"][0], "ci95": rep[k]["base"][1]},
-                row: {"mean": rep[k]["row"][0], "ci95": rep[k]["row"][1]}} for k in ("colour", "where")}
 
 
 def main() -> int:
