@@ -144,10 +144,6 @@ def write_vqa(raw: Path, seed: int, per_image: int = 5) -> Path:
 
 # --- VCR -------------------------------------------------------------------------------------------------
 
-def _where(o: sw.ShapeObject, scene: sw.Scene) -> str:
-    return "on the left" if o.centre[0] < scene.width / 2 else "on the right"
-
-
 def vcr_item(scene: sw.Scene, rng: random.Random, evidence_rng: random.Random | None = None) -> dict | None:
     """One VCR-style question with 4 answers and 4 rationales; object references are index lists.
 
