@@ -1,7 +1,7 @@
 """VCR's Table-4 column with rationales that cite the picture (docs/FINETUNE.md, session 74): Q->A, QA->R and Q->AR at
 the launcher's default from session 73's quick start export and its step 0, overall and per question kind, QA->R also
 from the image-ablated control's export (a reader that sees no image); each row's accuracy averaged over its finetuning
-seeds (0 and 1; the control's seed 0) with its 95% interval by image, chance dashed; from this folder's reports.
+seeds (0, 1 and 2; the control's seed 0) with its 95% interval by image, chance dashed; from this folder's reports.
 
     python docs/table4_demo/vcr_s74/plot.py     # -> docs/table4_demo/vcr_s74/table4.png
 """
@@ -32,11 +32,11 @@ def main() -> int:
     blind = kind_rows(HERE / "qar_control_by_kind.json", "none", "control")
     control = json.loads((HERE / "control_qar_metrics_val.json").read_text())
     blind_all = json.loads((HERE / "qar_control_by_kind.json").read_text())["all"]["row"]
-    qa_panels = {"Q->A\n(2 epochs, 2 seeds)": paired["VCR Q->A"],
+    qa_panels = {"Q->A\n(2 epochs, 3 seeds)": paired["VCR Q->A"],
                  "Q->A,\ncolour questions": (qa["colour"], 25.0), "Q->A,\nwhere questions": (qa["where"], 25.0)}
     rows, chance = paired["VCR QA->R"]
     seen = {"control": {"mean": blind_all[0], "ci95": blind_all[1]}}
-    qar_panels = {"QA->R\n(1.5 epochs, 2 seeds)": ({**rows, **seen}, chance)}
+    qar_panels = {"QA->R\n(1.5 epochs, 3 seeds)": ({**rows, **seen}, chance)}
     for kind, evidence in (("colour", "where"), ("where", "colour")):
         qar_panels[f"QA->R, {kind} questions\n(evidence: {evidence})"] = (
             {**qar[kind], "control": blind[kind]["control"]}, 25.0)
