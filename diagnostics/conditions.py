@@ -159,10 +159,20 @@ class Ablator:
 
     @torch.no_grad()
     def vision_for_language(self, b: dict, condition: str, tau: float = 0.5) -> torch.Tensor:
-        """Per example: the masked phrase's MLM cross-entropy in bits per word-piece [B]."""
+        """Per example: the masked phrase's MLM cross-entropy in bits per word-piece [B] (NaN: not scored)."""
+        out, scored = self.phrase_output(b, condition, tau)
+        bits = self._phrase_bits(out, b)
+        if scored is None:
+            return bits
+        return torch.where(scored.to(bits.device), bits, torch.full_like(bits, float("nan")))
+
+    @torch.no_grad()
+    def phrase_output(self, b: dict, condition: str, tau: float = 0.5):
+        """The encoder's output with the phrase masked and the visual input of `condition`, and which examples it
+        scores ([B] bool; None: all)."""
         ids, types, mask = self.text(b, "phrase")
         if condition == "text_only":  # no visual input at all (a text-only BERT)
-            return self._phrase_bits(self.vb(ids, mask, types), b)
+            return self.vb(ids, mask, types), None
         if condition == "none":
             ablated, whole = torch.zeros_like(b["box_mask"]), False
         elif condition == "object":
@@ -173,9 +183,8 @@ class Ablator:
             if "images" in visual:  # and, as pretraining's masker does, the resampling ring around them greyed
                 visual["images"] = grey_resampling_rings(visual["images"], b["boxes"], ablated, b.get("resize_scales"),
                                                          grey_of(self.vb.cfg.fast_rcnn.pixel_mean))
-            out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], masked_regions=ablated,
-                          **visual)
-            return self._phrase_bits(out, b)
+            return self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], masked_regions=ablated,
+                           **visual), None
         elif condition == "all":
             ablated, whole = b["box_mask"], True
         elif condition == "all_boxes":  # all, and every region's box the average box (`fit_box_mean`)
@@ -183,9 +192,8 @@ class Ablator:
                 raise RuntimeError("the all_boxes condition needs Ablator.fit_box_mean first")
             appearance, boxes_norm = self.visual(b, b["box_mask"], True)
             boxes_norm = torch.cat([boxes_norm[:, :1], self.box_mean.to(boxes_norm).expand_as(boxes_norm[:, 1:])], 1)
-            out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
-                          visual_input=(appearance, boxes_norm))
-            return self._phrase_bits(out, b)
+            return self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
+                           visual_input=(appearance, boxes_norm)), None
         elif condition == "other_image":
             # another held-out image's pixels (or features), boxes and detector outputs: every input in the
             # distribution a model pretrained on real images knows, only the match to the caption gone. The null for
@@ -194,23 +202,19 @@ class Ablator:
             rows, scored = other_image_rows(b["keys"])
             rows = rows.to(b["box_mask"].device)
             visual = {k: v[rows] for k, v in self._visual_kwargs(b).items()}
-            out = self.vb(ids, mask, types, boxes=b["boxes"][rows], box_mask=b["box_mask"][rows], **visual)
-            bits = self._phrase_bits(out, b)
-            return torch.where(scored.to(bits.device), bits, torch.full_like(bits, float("nan")))
+            return self.vb(ids, mask, types, boxes=b["boxes"][rows], box_mask=b["box_mask"][rows], **visual), scored
         elif condition == "grey":  # every pixel the pixel mean, boxes kept, no RoI-[MASK] token
             visual = self._visual_kwargs(b)
             if "images" not in visual:
                 raise ValueError("visual ablation 'grey' needs images (the model reads precomputed features)")
             visual["images"] = grey_of(self.vb.cfg.fast_rcnn.pixel_mean).to(visual["images"]).expand_as(
                 visual["images"]).clone()
-            out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], **visual)
-            return self._phrase_bits(out, b)
+            return self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"], **visual), None
         else:
             raise ValueError(f"visual ablation '{condition}' is not none, object, object_masked, all, all_boxes, "
                              "grey, other_image or text_only")
-        out = self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
-                      visual_input=self.visual(b, ablated, whole))
-        return self._phrase_bits(out, b)
+        return self.vb(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
+                       visual_input=self.visual(b, ablated, whole)), None
 
     @torch.no_grad()
     def language_for_vision(self, b: dict, conditions=LANGUAGE_FOR_VISION, tau: float = 0.5) -> dict:

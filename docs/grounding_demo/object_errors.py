@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from diagnostics.ablation import feature_extractor  # noqa: E402
 from diagnostics.conditions import Ablator  # noqa: E402
 from diagnostics.config import DiagnosticConfig  # noqa: E402
-from diagnostics.data import PhraseData, regions_over  # noqa: E402
+from diagnostics.data import PhraseData  # noqa: E402
 from diagnostics.statistics import clustered_bootstrap  # noqa: E402
+from docs.grounding_demo.word_errors import single_piece  # noqa: E402
 from model.config import load_config  # noqa: E402
 from model.export import load_pretrained  # noqa: E402
 from shards.shapes_world import CATEGORIES, COLOURS  # noqa: E402
@@ -42,23 +43,13 @@ CONDITIONS = ("none", "object", "all")
 OUTCOMES = ("right", "another object's", "not in the picture", "not a colour / shape")
 
 
-def single_pieces(tokenizer, words) -> dict[int, str]:
-    """{piece id: word} for the words that are one word-piece."""
-    out = {}
-    for w in words:
-        ids = tokenizer(w, add_special_tokens=False)["input_ids"]
-        if len(ids) == 1:
-            out[ids[0]] = w
-    return out
-
-
 def analyse(path: str, cfg: DiagnosticConfig, scenes: list[dict]) -> dict:
     model = load_pretrained(path).eval()
     tokenizer = load_tokenizer(path)
     data = PhraseData(cfg, tokenizer, model.cfg.fast_rcnn.num_classes, feature_extractor(model, "cpu"))
     ablator = Ablator(model, "cpu", cfg.ablation_fill)
     ablator.fit_means(data.batches())
-    kinds = {"colour": single_pieces(tokenizer, COLOURS), "shape": single_pieces(tokenizer, CATEGORIES)}
+    kinds = {"colour": single_piece(tokenizer, COLOURS), "shape": single_piece(tokenizer, CATEGORIES)}
     key = {"colour": "colour", "shape": "category"}
     rows: dict = {k: {"cluster": [], **{c: [] for c in CONDITIONS}} for k in kinds}
     start = 0
@@ -66,20 +57,12 @@ def analyse(path: str, cfg: DiagnosticConfig, scenes: list[dict]) -> dict:
         for b in tqdm(data.batches(), total=-(-len(data) // cfg.batch_size), desc=f"object errors: {path}"):
             items = data.items[start: start + len(b["phrase"])]
             start += len(items)
-            ids, types, mask = ablator.text(b, "phrase")
-            positions = F.pad(b["phrase"], (1, 1))[:, : ids.shape[1]]
-            labels = F.pad(b["input_ids"], (1, 1))[:, : ids.shape[1]]
             preds = {}
-            for condition in CONDITIONS:
-                if condition == "none":
-                    ablated, whole = torch.zeros_like(b["box_mask"]), False
-                elif condition == "object":
-                    ablated, whole = regions_over(b["boxes"], b["box_mask"], b["gold"], b["gold_mask"], cfg.tau), False
-                else:
-                    ablated, whole = b["box_mask"], True
-                out = model.vl_bert(ids, mask, types, boxes=b["boxes"], box_mask=b["box_mask"],
-                                    visual_input=ablator.visual(b, ablated, whole))
-                preds[condition] = model.mlm_head(out.text_hidden[positions]).argmax(-1)
+            for condition in CONDITIONS:  # the diagnostic's own inputs for the condition
+                out, _ = ablator.phrase_output(b, condition, cfg.tau)
+                positions = F.pad(b["phrase"], (1, 1))[:, : out.text_length]  # shifted by [CLS]
+                preds[condition] = model.mlm_head(out.text_hidden[positions]).argmax(-1).tolist()
+            labels = F.pad(b["input_ids"], (1, 1))[:, : out.text_length]
             rows_of = positions.nonzero()[:, 0]
             for j, (row, label) in enumerate(zip(rows_of.tolist(), labels[positions].tolist(), strict=True)):
                 kind = next((k for k, names in kinds.items() if label in names), None)
@@ -91,7 +74,7 @@ def analyse(path: str, cfg: DiagnosticConfig, scenes: list[dict]) -> dict:
                 present = [o[key[kind]] for o in shown]
                 others = set(present) - {truth} | ({truth} if present.count(truth) > 1 else set())
                 for condition in CONDITIONS:
-                    p = int(preds[condition][j])
+                    p = preds[condition][j]
                     name = kinds[kind].get(p)
                     outcome = 0 if p == label else 3 if name is None else 1 if name in others else 2
                     rows[kind][condition].append(outcome)

@@ -197,18 +197,23 @@ def plot(results: list[dict], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-args = sys.argv[1:]
-if args and args[0].endswith(".json"):  # re-plot a saved result
-    plot(json.loads(Path(args[0]).read_text()), Path(args[0]).with_suffix(".png"))
-    sys.exit(0)
-out_path = args[args.index("--out") + 1] if "--out" in args else None
-exports = [a for a in args if "=" not in a and a != "--out" and a != out_path]
-torch.set_num_threads(2)
-cfg = load_config(GroundingConfig, HELD_OUT, ["max_images=100", *[a for a in args if "=" in a]])
-results = [analyse(p, cfg) for p in exports]
-text = markdown(results)
-print(text)
-if out_path:
-    Path(out_path).write_text(text)
-    Path(out_path).with_suffix(".json").write_text(json.dumps(results, indent=1))
-    plot(results, Path(out_path).with_suffix(".png"))
+def main() -> None:
+    args = sys.argv[1:]
+    if args and args[0].endswith(".json"):  # re-plot a saved result
+        plot(json.loads(Path(args[0]).read_text()), Path(args[0]).with_suffix(".png"))
+        return
+    out_path = args[args.index("--out") + 1] if "--out" in args else None
+    exports = [a for a in args if "=" not in a and a != "--out" and a != out_path]
+    torch.set_num_threads(2)
+    cfg = load_config(GroundingConfig, HELD_OUT, ["max_images=100", *[a for a in args if "=" in a]])
+    results = [analyse(p, cfg) for p in exports]
+    text = markdown(results)
+    print(text)
+    if out_path:
+        Path(out_path).write_text(text)
+        Path(out_path).with_suffix(".json").write_text(json.dumps(results, indent=1))
+        plot(results, Path(out_path).with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
