@@ -7,7 +7,8 @@
                   per-image metadata JSON (boxes with scores, names, width, height); rationales that cite
                   the picture (`vcr_item`), and version.txt (`VCR_VERSION`)
   raw/refcoco+/   the refer toolkit's refs(unc).p and instances.json (COCO format, bbox x, y, w, h),
-                  plus detections in MAttNet's list format (dets.json)
+                  plus detections in MAttNet's list format (dets.json); expressions of appearance, and of
+                  look-alikes by an object beside them (`_relational`)
   raw/retrieval/  dataset_flickr30k.json in Karpathy's split format (the Flickr30k/COCO retrieval file:
                   images with split, filename and 5 sentences, raw and tokenised), for image-text retrieval
   raw/detection/  instances_{train,val}.json: COCO-format boxes and categories of the visible objects,
@@ -33,7 +34,11 @@ RELATIONS = ["left of", "right of", "above", "below"]
 # could name either of two red objects and "covered star" either of two cloths: 197 of 1,124 val expressions
 # fitted more than one object, the best possible accuracy 89.9%; and 8.6% named an object mostly hidden by later
 # ones, on which both finetuned models scored 64-70 against 96 in full view)
-REFCOCO_VERSION = "2"
+# 3: an object whose category another uncovered object shares is also told by where it is against a third one ("the
+# circle left of the blue star", `_relational`), as RefCOCO+'s annotators told look-alikes apart by the objects
+# around them (absolute location words alone are forbidden); version 2's expressions were lists of names, which the
+# detector's names answered without any learning (docs/FINETUNE.md, session 65)
+REFCOCO_VERSION = "3"
 # 2: each rationale cites a fact of the picture that words cannot check (vcr_item); version 1's restated its answer
 VCR_VERSION = "2"
 # how a rationale words the centres' comparison a relation names
@@ -243,6 +248,32 @@ def _expressions(world: sw.Scene, k: int, rng: random.Random) -> list[str]:
     return rng.sample(forms, rng.randint(2, 3))
 
 
+def _relational(world: sw.Scene, k: int, seen: list[float], rng: random.Random) -> list[str]:
+    """Expressions that tell object k from the other objects of its category by its relation to a third one
+    ("the circle left of the blue star"): k in view and uncovered, another uncovered object of its category
+    anywhere in the picture (however hidden), a landmark of another category in view that its colour and category
+    pick out alone, and no other object of k's category in that relation to it (`shapes_world.relation`, as the
+    captions word it). Relative to an object, not absolute ("left dog"), which RefCOCO+ forbids; at most two, with
+    different landmarks. Empty when k's category is its own: its names already pick it out."""
+    o = world.objects[k]
+    if o.covered or seen[k] < sw.CAPTION_MIN_VISIBLE:
+        return []
+    uncovered = [p for p in world.objects if not p.covered]
+    others = [p for i, p in enumerate(world.objects) if i != k and not p.covered and p.category == o.category]
+    if not others:
+        return []
+    forms = []
+    for j, m in enumerate(world.objects):
+        if m.covered or m.category == o.category or seen[j] < sw.CAPTION_MIN_VISIBLE:
+            continue
+        if sum((p.colour, p.category) == (m.colour, m.category) for p in uncovered) > 1:
+            continue
+        rel = sw.relation(o, m)
+        if all(sw.relation(p, m) != rel for p in others):
+            forms.append(f"the {o.category} {rel} the {m.colour} {m.category}")
+    return rng.sample(forms, min(2, len(forms)))
+
+
 def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
     out = raw / "refcoco+"
     out.mkdir(parents=True, exist_ok=True)
@@ -255,6 +286,8 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
                 continue
             n_train += 1
         rng = python_rng(seed, "demo refcoco", index)
+        # its own stream, so that the names and boxes are version 2's draws
+        relation_rng = python_rng(seed, "demo refcoco relation", index)
         images.append({"id": index, "file_name": Path(image).name, "width": world.width, "height": world.height})
         ann_ids = []
         for k, o in enumerate(world.objects):
@@ -280,7 +313,9 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
                          "score": round(rng.uniform(0.3, 0.7), 3)})
         seen = sw.visible_fractions(world)
         for k, o in enumerate(world.objects):
-            if not _referable(world, k, seen):
+            texts = (_expressions(world, k, rng) if _referable(world, k, seen) else []) + \
+                _relational(world, k, seen, relation_rng)
+            if not texts:
                 continue
             if is_val:
                 if index % 2 == 0:
@@ -290,7 +325,7 @@ def write_refcoco(raw: Path, seed: int, n_train_images: int = 1000) -> Path:
             else:
                 split = "train"
             sentences = []
-            for text in _expressions(world, k, rng):
+            for text in texts:
                 sent_id = index * 1000 + k * 10 + len(sentences)
                 sentences.append({"tokens": text.split(), "raw": text, "sent_id": sent_id, "sent": text})
             refs.append({"sent_ids": [s["sent_id"] for s in sentences], "file_name": f"COCO_{index:06d}_{k}.jpg",

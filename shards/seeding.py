@@ -35,6 +35,7 @@ PURPOSES = (
     "image shuffle",      # the shuffled-image control's pairing of captions with images (shards/batching.py)
     "training images",    # the order a finetuning's `train_images` subset takes the training images in
     "demo vcr evidence",  # the other colours one demo image's VCR rationales cite (appended: an index is a stream)
+    "demo refcoco relation",  # one demo image's relational referring expressions (appended)
 )
 
 

@@ -246,6 +246,7 @@ def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
     images, anns, _ = read_instances(raw / "refcoco+/instances.json")
     refs = read_refs(raw / "refcoco+/refs(unc).p")
     assert {r["split"] for r in refs} >= {"train", "val"}
+    kinds = {"names": 0, "relational": 0}
     for ref in refs:
         obj = scenes[ref["image_id"]]["objects"][ref["ann_id"] % 100]
         assert anns[ref["ann_id"]]["box"] == pytest.approx(obj["box"], abs=1e-6)
@@ -256,9 +257,29 @@ def test_demo_task_data_in_official_formats_matches_the_scenes(demo_corpus):
         drawn = sw.Scene(scene["width"], scene["height"], (0, 0, 0), [
             sw.ShapeObject(o["category"], o["colour"], o["size"], tuple(o["box"]), o["covered"])
             for o in scene["objects"]])
-        assert sw.visible_fractions(drawn)[ref["ann_id"] % 100] >= 0.5  # in view, as a caption's objects are
+        seen = sw.visible_fractions(drawn)
+        assert seen[ref["ann_id"] % 100] >= 0.5  # in view, as a caption's objects are
         for s in ref["sentences"]:  # each picks out its referent alone, among the objects as the picture shows them
-            assert [o for o in scene["objects"] if _fits(s["sent"], o)] == [obj], s["sent"]
+            m = re.fullmatch(r"the (\w+) (left of|right of|above|below) the (\w+) (\w+)", s["sent"])
+            if m:
+                kinds["relational"] += 1
+                assert _relational_fits(m.groups(), scene["objects"], seen) == [obj], s["sent"]
+            else:
+                kinds["names"] += 1
+                assert [o for o in scene["objects"] if _fits(s["sent"], o)] == [obj], s["sent"]
+    # look-alikes of a category are told apart by an object beside them, in every split the scenes allow
+    assert kinds["relational"] > 0 and kinds["names"] > kinds["relational"], kinds
+
+
+def _relational_fits(words: tuple[str, ...], objects: list[dict], seen: list[float]) -> list[dict]:
+    """The objects "the <category> <relation> the <colour> <landmark>" could mean to a person who sees the picture:
+    those of the category (not under the cloth) in that relation to the landmark, worked from the boxes here. The
+    landmark must be one object in view, of another category, that its colour and category pick out alone."""
+    category, relation, colour, landmark = words
+    marks = [o for o in objects if not o["covered"] and (o["colour"], o["category"]) == (colour, landmark)]
+    assert len(marks) == 1 and landmark != category and seen[objects.index(marks[0])] >= 0.5, words
+    return [o for o in objects if not o["covered"] and o["category"] == category
+            and _where_by_centres(o, marks[0]) == relation]
 
 
 def _fits(expression: str, o: dict) -> bool:
