@@ -303,6 +303,21 @@ class VLBertConfig:
     # centres coincide have no relation (the image-ablated control, every region the whole image, gets nothing).
     # 0 = off; needs region_word_alignment and pair_relation_words, each name one word-piece.
     relation_alignment_window: int = 0
+    # Which object a relation word is read against when both sides name one: False takes the better of the two (as
+    # in a caption "a small blue triangle left of a large red star", where either may be masked); True takes the
+    # object after it, the landmark of "A left of B", and the one before only where nothing after it names one (a
+    # masked B). In RefCOCO+'s "the circle left of the blue star" both sides name, and the better-of-two also aligns
+    # "left" to whatever is right of any circle: on session 73's export the look-alike circles took 0.16 of its weight
+    # against the referent's 0.27, and 0.02 against 0.46 with the object after alone (docs/FINETUNE.md, session 75).
+    relation_alignment_landmark_first: bool = False
+    # Regions take the words aligned to them, the alignment read the other way: each region's token adds the word
+    # embeddings of the sentence's words (not [CLS] / [SEP]), each times that word's weight on the region. In "the
+    # circle left of the blue star" the circle left of the star then holds "left" (the relation word's alignment) and
+    # the circle the sentence does not mean holds "circle" alone: which region a sentence means, put where a
+    # region-scoring head reads it. Finetuned RefCOCO+'s relational expressions without it stay at ~60 in both rows
+    # where a reader of names and boxes gets 94 (docs/FINETUNE.md, session 75). No parameters; a model without
+    # `region_word_alignment` has nothing to read (a task config may set it for any backbone); False = off (official).
+    region_aligned_words: bool = False
     precomputed_feature_size: int = 2048  # F of precomputed [B, N, F] region features
     # "boxes": each region is its box. "whole_image": every region is read as the whole image (the Fast R-CNN
     # pools the whole image for it; its geometry embedding and size names are the whole image's), so the model

@@ -346,9 +346,11 @@ class VLBertEmbeddings(nn.Module):
     def aligned_region_words(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
                              geometry: torch.Tensor | None = None, valid: torch.Tensor | None = None,
                              relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                             names: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                             names: dict[str, torch.Tensor] | None = None,
+                             weights: torch.Tensor | None = None) -> torch.Tensor:
         """Each word's share of the region words of the regions its own embedding names: [B, T, hidden]; with
-        geometry [B, R, hidden] (`aligned_geometry`), of those regions' geometry terms too, with the same weights.
+        geometry [B, R, hidden] (`aligned_geometry`), of those regions' geometry terms too, with the same weights
+        (`alignment_weights`' [B, T, R], or those given).
 
         score(t, r) = max over the parts (class, attribute, size) of cos(E[word t], part of region r); weights =
         softmax over the candidate regions and one "no region" option scored at the threshold, all times
@@ -356,8 +358,17 @@ class VLBertEmbeddings(nn.Module):
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
         embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
         content = sum(terms) if geometry is None else sum(terms) + geometry
-        weights = self.alignment_weights(words, terms, candidates, valid, relations, names)
+        if weights is None:
+            weights = self.alignment_weights(words, terms, candidates, valid, relations, names)
         return (weights.to(words.dtype) @ content).to(words.dtype)
+
+    @staticmethod
+    def region_aligned_words(weights: torch.Tensor, words: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """[B, R, hidden]: each region's sum of the real words' embeddings `words` [B, T, hidden], each times its
+        alignment weight on the region (weights [B, T, R]; real [B, T]), the alignment read from the regions'
+        side (`region_aligned_words`). A batched matmul, no loop over words or regions."""
+        shared = weights * real.unsqueeze(-1).to(weights.dtype)
+        return (shared.transpose(1, 2).to(words.dtype) @ words).to(words.dtype)
 
     def alignment_weights(self, words: torch.Tensor, terms: list[torch.Tensor], candidates: torch.Tensor,
                           valid: torch.Tensor | None = None,
@@ -383,6 +394,8 @@ class VLBertEmbeddings(nn.Module):
         if relations is not None:
             relation, boxes, real = relations
             after, before = self.relation_scores(w, weights, candidates, relation, boxes, real, names)
+            if cfg.relation_alignment_landmark_first:  # the object before only where none after names one
+                before = before.masked_fill(torch.isfinite(after).any(-1, keepdim=True), float("-inf"))
             unnamed = weights.sum(-1) <= 0.5  # [B, T]: the words that name no region by themselves
             score = torch.maximum(score, torch.maximum(after, before))
             weights = (torch.cat([score, none], -1) * cfg.region_word_alignment_scale).softmax(-1)[..., :-1]
@@ -892,13 +905,15 @@ class VLBert(nn.Module):
                     where = emb.aligned_geometry_projection(geometry) if cfg.aligned_geometry else None
                     near = text_mask if neighbour_words is None else text_mask & neighbour_words.unsqueeze(1)
                     relations = None
+                    words_only = text_mask & (input_ids != cfg.cls_token_id) & (input_ids != cfg.sep_token_id)
                     if cfg.relation_alignment_window:  # each word's relation name, by its (one-piece) id
                         named = input_ids.unsqueeze(-1) == emb.region_relation_word_ids[:, 0]  # [B, T, 4]
                         relation = torch.where(named.any(-1), named.long().argmax(-1), -1)
-                        words_only = text_mask & (input_ids != cfg.cls_token_id) & (input_ids != cfg.sep_token_id)
                         relations = (relation, boxes_norm, words_only)
-                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, near, relations,
-                                                           names)
+                    weights = emb.alignment_weights(words[:, :t], terms, candidates, near, relations, names)
+                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, weights=weights)
+                    if cfg.region_aligned_words:
+                        token = token + emb.region_aligned_words(weights, words[:, :t], words_only)
                 else:
                     terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)

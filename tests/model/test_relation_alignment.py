@@ -25,9 +25,10 @@ def world_relation(a, b) -> int:
     return {"left of": 0, "right of": 1, "above": 2, "below": 3}[said]
 
 
-def reference_weights(emb, words, terms, candidates, relation, boxes, valid, window):
+def reference_weights(emb, words, terms, candidates, relation, boxes, valid, window, landmark_first=False):
     """alignment_weights with relations, one word, side and region at a time: the relation word's own scores, then
-    what the unnamed run on the far side of its object takes of it."""
+    what the unnamed run on the far side of its object takes of it (with `landmark_first`, the object before a
+    relation word counts only where no object after it does)."""
     cfg = emb.cfg
     own = emb.alignment_weights(words, terms, candidates).detach()  # the names-only weights: test_vl_bert.py's
     names = emb.name_embeddings("relation").float().detach()
@@ -67,6 +68,8 @@ def reference_weights(emb, words, terms, candidates, relation, boxes, valid, win
                         counts[k] += anchor[j]
                     if float(counts.sum()) > 1e-6:
                         scores[region] = float(torch.cosine_similarity(words[row, word].float(), counts @ names, 0))
+            if landmark_first and step == -1 and any(v > -math.inf for v in side_scores[word, 1]):
+                side_scores[word, -1] = [-math.inf] * r
         for word in range(t):
             scores = []
             for region in range(r):
@@ -139,6 +142,38 @@ def test_relation_words_align_to_the_regions_in_their_relation_by_hand():
     near = short.alignment_weights(words, terms, candidates, relations=(relation, boxes, valid))
     torch.testing.assert_close(near[0], own[0], rtol=0, atol=0)
     torch.testing.assert_close(near, reference_weights(short, words, terms, candidates, relation, boxes, valid, 2),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_landmark_first_reads_a_relation_word_against_the_object_after_it():
+    """"circle left of a star": with the better of both sides "left" aligns to the circle (left of the star) and to
+    the star and the square (what the circle is left of); with `relation_alignment_landmark_first` to the circle
+    alone; where one side names nothing (the scene's rows) the two agree bit for bit; the word-by-word reference."""
+    with torch.random.fork_rng():  # the file's other tests draw their models from the global stream as before
+        _check_landmark_first()
+
+
+def _check_landmark_first():
+    both = VLBert(model_config("tiny", updates={**WORDS_CFG, "relation_alignment_window": 3})).embeddings
+    first = VLBert(model_config("tiny", updates={**WORDS_CFG, "relation_alignment_window": 3,
+                                                 "relation_alignment_landmark_first": True})).embeddings
+    words, terms, candidates, relation, boxes, valid = scene(both)
+    first.load_state_dict(both.state_dict())
+    e = both.word_embeddings.weight.detach()
+    with torch.no_grad():
+        one_side = [emb.alignment_weights(words, terms, candidates, relations=(relation, boxes, valid))
+                    for emb in (both, first)]
+        torch.testing.assert_close(one_side[1], one_side[0], rtol=0, atol=0)
+        sentence = torch.stack([e[30], e[20], e[40], e[31], e[41], e[42]]).unsqueeze(0)  # circle left of a star
+        row = (relation[1:].clone().fill_(-1).index_fill_(1, torch.tensor([1]), 0), boxes[:1], valid[:1])
+        t = [c[:1] for c in terms]
+        got_both = both.alignment_weights(sentence, t, candidates[:1], relations=row)
+        got = first.alignment_weights(sentence, t, candidates[:1], relations=row)
+    assert float(got_both[0, 1, 2] + got_both[0, 1, 3]) > 0.5
+    assert float(got[0, 1, 1]) > 0.9 and float(got[0, 1, 2] + got[0, 1, 3]) < 0.05
+    torch.testing.assert_close(got, reference_weights(first, sentence, t, candidates[:1], *row[:2], row[2], 3, True),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_both, reference_weights(both, sentence, t, candidates[:1], *row[:2], row[2], 3),
                                atol=1e-5, rtol=1e-5)
 
 

@@ -700,6 +700,46 @@ def test_aligned_region_words_by_hand(tiny_cfg):
         VLBert(model_config("tiny", updates={"region_word_alignment": 0.5}))
 
 
+def test_region_aligned_words_by_hand():
+    """region_aligned_words: region r's token moves by sum over the sentence's words t (not [CLS], [SEP], padding)
+    of W[t, r] * E[word t], W the alignment the words take their regions by, written out word by word; the words'
+    side and [END] do not move; a masked region stays [MASK]; no parameters; nothing without the alignment."""
+    words_cfg = {"region_class_words": [[8], [9], [10], [12], [13], [14], [15], [16], [17]],
+                 "region_word_alignment": 0.2}
+    torch.manual_seed(0)
+    model = VLBertForPretraining(model_config("tiny", updates={**words_cfg, "region_aligned_words": True})).eval()
+    plain = VLBertForPretraining(model_config("tiny", updates=words_cfg)).eval()
+    plain.load_state_dict(model.state_dict())
+    batch = make_batch()
+    batch["input_ids"][:, 1:4] = torch.tensor([8, 12, 9])
+    masked = torch.tensor([[False, False, True, False], [False] * 4])
+    with torch.no_grad():
+        args = (batch["input_ids"], batch["text_mask"], batch["token_type_ids"])
+        image = {k: batch[k] for k in ("images", "image_sizes", "boxes", "box_mask")}
+        e = model.vl_bert.embed(*args, **image, masked_regions=masked)
+        p = plain.vl_bert.embed(*args, **image, masked_regions=masked)
+        vb = model.vl_bert.embeddings
+        ids = batch["input_ids"]
+        weights = vb.alignment_weights(vb.word_embeddings(ids), e.region_terms, e.candidates)
+        t, r = ids.shape[1], weights.shape[-1]
+        expected = torch.zeros(2, r, 32)
+        for b in range(2):
+            for k in range(t):
+                if batch["text_mask"][b, k] and int(ids[b, k]) not in (model.cfg.cls_token_id, model.cfg.sep_token_id):
+                    expected[b] += weights[b, k].unsqueeze(-1) * vb.word_embeddings.weight[ids[b, k]]
+        torch.testing.assert_close(e.x[:, t:t + r] - p.x[:, t:t + r], expected, atol=1e-5, rtol=1e-5)
+        assert float(weights[:, 1:4].sum(1).amax()) > 0.5 and float(expected.abs().amax()) > 0  # words named regions
+        assert not expected[0, 3].any() and not expected[:, 0].any()  # the masked region, the whole image: nothing
+        assert torch.equal(e.x[:, :t], p.x[:, :t]) and torch.equal(e.x[:, t + r:], p.x[:, t + r:])
+    # without the alignment there is nothing to read: the model embeds as without the option
+    torch.manual_seed(0)
+    bare = VLBertForPretraining(model_config("tiny", updates={"region_aligned_words": True})).eval()
+    torch.manual_seed(0)
+    off = VLBertForPretraining(model_config("tiny")).eval()
+    with torch.no_grad():
+        assert torch.equal(bare.vl_bert.embed(*args, **image).x, off.vl_bert.embed(*args, **image).x)
+
+
 def test_alignment_neighbours_by_hand(tiny_cfg):
     """alignment_neighbours k: a word's weights W'[t] = W[t] + (1 - sum_r W[t, r]) * N[t] / max(1, sum_r N[t, r]),
     N[t] = sum of W[s] over the valid words s != t with |s - t| <= k, written out word by word; 0 leaves W; in the
