@@ -16,12 +16,12 @@ def report_panels(path: Path) -> dict[str, tuple[dict, float]]:
     return {m: (r["rows"], r["chance_or_prior"]) for m, r in rep.items()}
 
 
-def kind_rows(path: Path, base: str, row: str) -> dict[str, dict]:
+def kind_rows(path: Path, base: str, row: str, kinds=("colour", "where")) -> dict[str, dict]:
     """{kind: {base: {mean, ci95}, row: ...}} from a docs/table4_demo/vcr_s70/kind_pair.py report (VCR's colour and
-    where questions)."""
+    where questions; RefCOCO+'s kinds "all", "names", "relational")."""
     rep = json.loads(path.read_text())
     return {k: {base: {"mean": rep[k]["base"][0], "ci95": rep[k]["base"][1]},
-                row: {"mean": rep[k]["row"][0], "ci95": rep[k]["row"][1]}} for k in ("colour", "where")}
+                row: {"mean": rep[k]["row"][0], "ci95": rep[k]["row"][1]}} for k in kinds}
 
 
 def save(fig, folder: Path) -> None:

@@ -11,6 +11,12 @@ the task at demo scale is read off the names the channel already gives step 0, a
         [--vocab runs/detector-demo/fast_rcnn.vocab.json] [--compare runs/lowdata/refcoco_detected/img15_s0/none]
 Prints JSON: accuracy with a 95% interval from a bootstrap over images, the random candidate's, and with
 --compare the finetuned run's predictions scored on the same expressions (and how often the two agree).
+
+Since the demo's RefCOCO+ version 3 (session 75) look-alikes are also told by an object beside them ("the circle
+left of the blue star"); each figure comes for all expressions and for the names and the relational ones apart
+(`kind_of`), and a second reader, names + boxes, reads a relational expression as a person would: the landmark is
+the region its colour and class names fit best, the referent the region of the category's name in the relation to
+it, compared by the boxes' centres along the axis they differ most (`shards.shapes_world.relation`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,25 @@ from diagnostics.statistics import clustered_bootstrap  # noqa: E402
 from finetune.common import build_pretrained  # noqa: E402
 from finetune.refcoco import RefConfig, RefSet, read_refs  # noqa: E402
 from model.config import load_config  # noqa: E402
+
+RELATIONAL = re.compile(r"the (\w+) (left of|right of|above|below) the (\w+) (\w+)")
+
+
+def kind_of(sentence: str) -> str:
+    """"relational" for a look-alike told by an object beside it (demo RefCOCO+ version 3), "names" otherwise."""
+    return "relational" if RELATIONAL.fullmatch(sentence) else "names"
+
+
+def relation_scores(boxes: torch.Tensor, landmark: int, relation: str) -> torch.Tensor:
+    """[N]: 0 where a box is in `relation` to box `landmark` by their centres (the axis they differ most on, as the
+    demo's captions word it), -inf elsewhere and at the landmark itself."""
+    centre = (boxes[:, :2] + boxes[:, 2:]) / 2
+    dx, dy = (centre - centre[landmark]).unbind(-1)
+    horizontal = dx.abs() >= dy.abs()
+    fits = {"left of": horizontal & (dx < 0), "right of": horizontal & (dx > 0),
+            "above": ~horizontal & (dy < 0), "below": ~horizontal & (dy > 0)}[relation]
+    fits[landmark] = False
+    return torch.where(fits, 0.0, float("-inf"))
 
 
 def name_log_probs(vl_bert, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -67,7 +92,7 @@ def main(argv=None) -> int:
     for ref in read_refs(cfg.data.refs):
         for s in ref["sentences"]:
             sentences[(ref["ref_id"], s["sent_id"])] = s["sent"]
-    hits, chance, images, keys, choice = [], [], [], [], {}
+    hits, box_hits, kinds, chance, images, keys = [], [], [], [], [], []
     named = {k: 0 for k in names}
     with torch.no_grad():
         order = list(range(len(data)))
@@ -88,24 +113,43 @@ def main(argv=None) -> int:
                 k = int(score.argmax())
                 iou = batch["iou"][row, :n]  # RefSet.batch's IoU of each candidate with the referent
                 hits.append(float(iou[k] >= 0.5))
+                parts = RELATIONAL.fullmatch(sentences[(item["ref_id"], item["sent_id"])])
+                if parts and "attributes" in logp:
+                    category, relation, colour, landmark = parts.groups()
+                    mark = int((logp["classes"][row, :n, names["classes"].index(landmark)]
+                                + logp["attributes"][row, :n, names["attributes"].index(colour)]).argmax())
+                    fit = logp["classes"][row, :n, names["classes"].index(category)] + relation_scores(
+                        batch["boxes"][row, :n].float(), mark, relation)
+                    k = int(fit.argmax()) if torch.isfinite(fit).any() else k
+                box_hits.append(float(iou[k] >= 0.5))
+                kinds.append(kind_of(sentences[(item["ref_id"], item["sent_id"])]))
                 chance.append(float((iou >= 0.5).float().mean()))
                 images.append(item["image_id"])
                 keys.append((item["ref_id"], item["sent_id"]))
-                choice[(item["ref_id"], item["sent_id"])] = k
-    hits_a, images_a = np.array(hits), np.array(images)
+    hits_a, box_a, images_a, kinds_a = np.array(hits), np.array(box_hits), np.array(images), np.array(kinds)
     report = {"export": args.export, "track": args.track, "split": args.split, "expressions": len(hits),
-              "images": len(set(images)), "names_read": named,
-              "name_reader": {"accuracy": round(100 * hits_a.mean(), 2),
-                              "ci95": [round(100 * v, 2) for v in clustered_bootstrap(hits_a, images_a)["ci95"]]},
-              "random_candidate": round(100 * float(np.mean(chance)), 2)}
+              "images": len(set(images)), "names_read": named}
+    for kind in ("all", "names", "relational"):
+        pick = (kinds_a == kind) | (kind == "all")
+        if not pick.any():
+            continue
+        report[kind] = {"expressions": int(pick.sum()), "random_candidate": round(
+            100 * float(np.mean(np.array(chance)[pick])), 2)}
+        for reader, h in (("name_reader", hits_a), ("names_and_boxes", box_a)):
+            report[kind][reader] = {"accuracy": round(100 * h[pick].mean(), 2), "ci95": [
+                round(100 * v, 2) for v in clustered_bootstrap(h[pick], images_a[pick])["ci95"]]}
+    report["name_reader"], report["random_candidate"] = report["all"]["name_reader"], report["all"]["random_candidate"]
     hit_of = dict(zip(keys, hits))
     for run in args.compare:
         preds = json.loads((Path(run) / f"predictions_{args.split}.json").read_text())
         ft = {(p["ref_id"], p["sent_id"]): float(p["iou"] >= 0.5) for p in preds}
         common = [k for k in keys if k in ft]
         both = np.array([[hit_of[k], ft[k]] for k in common])
+        kind_of_key = dict(zip(keys, kinds))
         report.setdefault("compare", {})[run] = {
             "expressions": len(common), "finetuned": round(100 * both[:, 1].mean(), 2),
+            "finetuned_by_kind": {kind: round(100 * float(np.mean([ft[k] for k in common if kind_of_key[k] == kind])),
+                                              2) for kind in sorted(set(kinds))},
             "name_reader": round(100 * both[:, 0].mean(), 2),
             "both_hit": round(100 * float((both.min(1) == 1).mean()), 2),
             "only_finetuned": round(100 * float(((both[:, 1] == 1) & (both[:, 0] == 0)).mean()), 2),
