@@ -2,6 +2,7 @@
 its state, a linear module whose loss is logged, and the environment such a subprocess runs in."""
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -12,10 +13,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def free_port() -> int:
     """A port no process listens on now, for a job's master: the suite runs in parallel workers (pytest-xdist),
-    so fixed or counted ports would collide between two jobs started at once."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    so fixed or counted ports would collide between two jobs started at once. Drawn below the kernel's ephemeral
+    range (Linux: 32768 and up), not asked of it: an ephemeral port it hands out here can go to another job's gloo
+    connection before this job's master binds it (EADDRINUSE on the master port, seen once in a full suite)."""
+    low, _ = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()) \
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else (32768, 60999)
+    draw, start = random.SystemRandom(), max(1024, low - 12000)
+    if start >= low:  # an ephemeral range that starts at the bottom: nothing lies below it
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    for _ in range(200):
+        port = draw.randrange(start, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # taken: draw again
+                continue
+            return port
+    raise RuntimeError(f"no free port below the ephemeral range ({low})")
 
 
 def one_process_env() -> dict[str, str]:
