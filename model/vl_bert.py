@@ -347,10 +347,10 @@ class VLBertEmbeddings(nn.Module):
                              geometry: torch.Tensor | None = None, valid: torch.Tensor | None = None,
                              relations: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                              names: dict[str, torch.Tensor] | None = None,
-                             weights: torch.Tensor | None = None) -> torch.Tensor:
+                             with_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Each word's share of the region words of the regions its own embedding names: [B, T, hidden]; with
         geometry [B, R, hidden] (`aligned_geometry`), of those regions' geometry terms too, with the same weights
-        (`alignment_weights`' [B, T, R], or those given).
+        (`alignment_weights`' [B, T, R]; returned beside it with `with_weights`).
 
         score(t, r) = max over the parts (class, attribute, size) of cos(E[word t], part of region r); weights =
         softmax over the candidate regions and one "no region" option scored at the threshold, all times
@@ -358,9 +358,9 @@ class VLBertEmbeddings(nn.Module):
         that names nothing ("of", [MASK]) takes nothing. No parameters: the alignment is read off the word
         embeddings and the detector's distributions (Oscar's object tags as anchors, applied by name)."""
         content = sum(terms) if geometry is None else sum(terms) + geometry
-        if weights is None:
-            weights = self.alignment_weights(words, terms, candidates, valid, relations, names)
-        return (weights.to(words.dtype) @ content).to(words.dtype)
+        weights = self.alignment_weights(words, terms, candidates, valid, relations, names)
+        out = (weights.to(words.dtype) @ content).to(words.dtype)
+        return (out, weights) if with_weights else out
 
     @staticmethod
     def region_aligned_words(weights: torch.Tensor, words: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -910,10 +910,15 @@ class VLBert(nn.Module):
                         named = input_ids.unsqueeze(-1) == emb.region_relation_word_ids[:, 0]  # [B, T, 4]
                         relation = torch.where(named.any(-1), named.long().argmax(-1), -1)
                         relations = (relation, boxes_norm, words_only)
-                    weights = emb.alignment_weights(words[:, :t], terms, candidates, near, relations, names)
-                    text = text + emb.aligned_region_words(words[:, :t], terms, candidates, where, weights=weights)
+                    # the words sliced once and the weights computed where they were before the regions' side
+                    # existed: another order of the same sums rounds the gradients otherwise, and that alone moves
+                    # the quick start's figures (docs/ABLATION.md, session 73)
+                    sentence = words[:, :t]
+                    aligned, weights = emb.aligned_region_words(sentence, terms, candidates, where, near, relations,
+                                                                names, with_weights=True)
+                    text = text + aligned
                     if cfg.region_aligned_words:
-                        token = token + emb.region_aligned_words(weights, words[:, :t], words_only)
+                        token = token + emb.region_aligned_words(weights, sentence, words_only)
                 else:
                     terms = None
             token = torch.where(is_masked.unsqueeze(-1), emb.roi_mask_embedding, token)
