@@ -5,7 +5,8 @@
 # ~306 steps of 16) and with STEPS=refcoco_detected RefCOCO+ on the detector's boxes (15 images, 100 epochs);
 # STEPS=refcoco_detected_noalign is that with the word-region alignment turned off for the finetune (session 65).
 # Rows: pretrained = runs/demo/export (bash launch/pretrain.sh), none = runs/demo_step0/export (its step 0, built by
-# RECIPE=demo launch/table4.sh). Runs land in the layout docs/table4_demo/refcoco_start/paired.py reads:
+# RECIPE=demo launch/table4.sh), or the exports PRETRAINED and NONE name (session 76: runs/demo_s73/export and
+# runs/demo_step0_s74/export). Runs land in the layout docs/table4_demo/refcoco_start/paired.py reads:
 # $OUT/<task>/img<N>_s<seed>/<row>; a cell whose metrics are there is skipped.
 #   bash docs/table4_demo/lowdata_s62/run.sh       OUT (runs/lowdata), VQA_SIZES ("15 50 150"), SEEDS ("0 1 2"),
 #                                                  STEPS ("vqa refcoco"; also "vcr": ~5-12 min a run on
@@ -13,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/lowdata}"
-declare -A export=([pretrained]=runs/demo/export [none]=runs/demo_step0/export)
+declare -A export=([pretrained]="${PRETRAINED:-runs/demo/export}" [none]="${NONE:-runs/demo_step0/export}")
 for row in "${!export[@]}"; do
   # launch/table4.sh pretrains a missing row before its first task; an empty TASKS would mean its default, all tasks
   [ -f "${export[$row]}/model.safetensors" ] || { echo "lowdata: ${export[$row]} missing (pretrained: bash launch/pretrain.sh; none: RECIPE=demo TASKS=vqa bash launch/table4.sh none)" >&2; exit 2; }
