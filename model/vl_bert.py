@@ -910,9 +910,9 @@ class VLBert(nn.Module):
                         named = input_ids.unsqueeze(-1) == emb.region_relation_word_ids[:, 0]  # [B, T, 4]
                         relation = torch.where(named.any(-1), named.long().argmax(-1), -1)
                         relations = (relation, boxes_norm, words_only)
-                    # the words sliced once and the weights computed where they were before the regions' side
-                    # existed: another order of the same sums rounds the gradients otherwise, and that alone moves
-                    # the quick start's figures (docs/ABLATION.md, session 73)
+                    # the weights come back from aligned_region_words, not computed ahead of it for the regions'
+                    # side: that is another order of the same sums, which rounds the gradients differently and
+                    # alone moves the quick start's figures (docs/ABLATION.md, session 73)
                     sentence = words[:, :t]
                     aligned, weights = emb.aligned_region_words(sentence, terms, candidates, where, near, relations,
                                                                 names, with_weights=True)

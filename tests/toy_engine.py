@@ -16,8 +16,8 @@ def free_port() -> int:
     so fixed or counted ports would collide between two jobs started at once. Drawn below the kernel's ephemeral
     range (Linux: 32768 and up), not asked of it: an ephemeral port it hands out here can go to another job's gloo
     connection before this job's master binds it (EADDRINUSE on the master port, seen once in a full suite)."""
-    low, _ = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()) \
-        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else (32768, 60999)
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
     draw, start = random.SystemRandom(), max(1024, low - 12000)
     if start >= low:  # an ephemeral range that starts at the bottom: nothing lies below it
         with socket.socket() as sock:
