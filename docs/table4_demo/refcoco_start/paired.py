@@ -54,7 +54,8 @@ def seed_accuracies(task: str, runs: Path, images_trained: str, row: str,
     out = {}
     for name in [n for n in per[0] if all(n in m for m in per)]:  # VCR: QA->R only where every seed ran qar
         keys = sorted(per[0][name].keys)
-        values = np.array([[dict(zip(m[name].keys, m[name].values))[k] for k in keys] for m in per])
+        by_key = [dict(zip(m[name].keys, m[name].values)) for m in per]  # once per seed: 22k expressions (session 77)
+        values = np.array([[seed[k] for k in keys] for seed in by_key])
         image = dict(zip(per[0][name].keys, per[0][name].images))
         out[name] = (values, np.array([image[k] for k in keys]))
     return out, found[0][1]
