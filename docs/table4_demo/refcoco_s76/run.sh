@@ -7,7 +7,7 @@
 # then the reports and the figure in this folder. A cell whose metrics are there is skipped.
 #   bash docs/table4_demo/refcoco_s76/run.sh    OUT (runs/lowdata_s76), PRETRAINED (runs/demo_s73/export),
 #                                                NONE (runs/demo_step0_s74/export), SEEDS ("0 1 2"), STEPS
-#                                                ("refcoco lowdata vqa_full report")
+#                                                ("refcoco lowdata vqa_full report"), SIZES ("15 150")
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/lowdata_s76}"
@@ -17,7 +17,7 @@ declare -A export=([pretrained]="$PRETRAINED" [none]="$NONE")
 for step in ${STEPS:-refcoco lowdata vqa_full report}; do
   case "$step" in
     refcoco)  # runs under $OUT/refcoco/img<N>_s<seed>/<row>, the layout paired.py reads
-      for n in 15 150; do
+      for n in ${SIZES:-15 150}; do
         epochs=$([ "$n" = 15 ] && echo 100 || echo 24)
         for seed in ${SEEDS:-0 1 2}; do
           for row in pretrained none; do

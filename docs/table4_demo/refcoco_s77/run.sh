@@ -18,7 +18,6 @@ out="${OUT:-runs/refcoco_s77}"
 here=docs/table4_demo/refcoco_s77
 big=data/demo_val4000
 n="${N:-150}"
-epochs=$([ "$n" = 15 ] && echo 100 || echo 24)
 declare -A export=([pretrained]="${PRETRAINED:-runs/demo_s73/export}" [none]="${NONE:-runs/demo_step0_s74/export}")
 
 score_large() {  # task, trained run, new run dir, then the overrides that point its eval split at $big
@@ -46,15 +45,9 @@ for step in ${STEPS:-corpus train large vqa report}; do
   case "$step" in
     corpus)
       python -m shards.demo --out "$big" --images 5800 --val 4000 ;;
-    train)  # runs under $OUT/refcoco/img<N>_s<seed>/<row>, the layout paired.py reads
-      for seed in ${SEEDS:-0 1 2}; do
-        for row in pretrained none; do
-          dir="$out/refcoco/img${n}_s$seed/$row"
-          [ -f "$dir/metrics_testB.json" ] && continue
-          RUNS="$out/refcoco" bash launch/finetune_refcoco.sh backbone.init="${export[$row]}" engine.run_dir="$dir" \
-            track=gt train_images="$n" epochs="$epochs" seed="$seed"
-        done
-      done ;;
+    train)  # session 76's RefCOCO+ step at N images: $OUT/refcoco/img<N>_s<seed>/<row>, the layout paired.py reads
+      OUT="$out" SIZES="$n" STEPS=refcoco PRETRAINED="${export[pretrained]}" NONE="${export[none]}" \
+        bash docs/table4_demo/refcoco_s76/run.sh ;;
     large)  # the same saved models on the large val: $OUT/refcoco_val4000/img<N>_s<seed>/<row>
       for seed in ${SEEDS:-0 1 2}; do
         for row in pretrained none; do
