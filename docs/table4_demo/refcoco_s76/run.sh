@@ -7,7 +7,8 @@
 # then the reports and the figure in this folder. A cell whose metrics are there is skipped.
 #   bash docs/table4_demo/refcoco_s76/run.sh    OUT (runs/lowdata_s76), PRETRAINED (runs/demo_s73/export),
 #                                                NONE (runs/demo_step0_s74/export), SEEDS ("0 1 2"), STEPS
-#                                                ("refcoco lowdata vqa_full report"), SIZES ("15 150")
+#                                                ("refcoco lowdata vqa_full report"), SIZES ("15 150"),
+#                                                REFCOCO_ARGS (more RefCOCO+ overrides, word-split; none)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/lowdata_s76}"
@@ -24,7 +25,7 @@ for step in ${STEPS:-refcoco lowdata vqa_full report}; do
             dir="$out/refcoco/img${n}_s$seed/$row"
             [ -f "$dir/metrics_testB.json" ] && continue
             RUNS="$out/refcoco" bash launch/finetune_refcoco.sh backbone.init="${export[$row]}" engine.run_dir="$dir" \
-              track=gt train_images="$n" epochs="$epochs" seed="$seed"
+              track=gt train_images="$n" epochs="$epochs" seed="$seed" ${REFCOCO_ARGS:-}
           done
         done
       done ;;

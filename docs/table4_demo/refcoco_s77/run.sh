@@ -11,11 +11,12 @@
 #   VQA: the launcher's default (full data), seed 0.
 #   bash docs/table4_demo/refcoco_s77/run.sh    OUT (runs/refcoco_s77), PRETRAINED (runs/demo_s73/export),
 #                                                NONE (runs/demo_step0_s74/export), SEEDS ("0 1 2"), N (150),
-#                                                STEPS ("corpus train large vqa report")
+#                                                STEPS ("corpus train large vqa report"), REPORTS (this folder),
+#                                                REFCOCO_ARGS (more RefCOCO+ finetune overrides, session 78's)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/refcoco_s77}"
-here=docs/table4_demo/refcoco_s77
+here="${REPORTS:-docs/table4_demo/refcoco_s77}"
 big=data/demo_val4000
 n="${N:-150}"
 declare -A export=([pretrained]="${PRETRAINED:-runs/demo_s73/export}" [none]="${NONE:-runs/demo_step0_s74/export}")
