@@ -69,8 +69,10 @@ for step in ${STEPS:-corpus train large vqa report}; do
     report)
       paired=docs/table4_demo/refcoco_start/paired.py
       kinds=docs/table4_demo/vcr_s70/kind_pair.py
-      python "$paired" --runs "$out/refcoco" --images "$n" --base none --row pretrained > "$here/paired_img${n}_val98.json"
-      python "$paired" --runs "$out/refcoco_val4000" --images "$n" --base none --row pretrained \
+      seeds=$(echo ${SEEDS:-0 1 2} | tr ' ' ,)
+      python "$paired" --runs "$out/refcoco" --images "$n" --seeds "$seeds" --base none --row pretrained \
+        > "$here/paired_img${n}_val98.json"
+      python "$paired" --runs "$out/refcoco_val4000" --images "$n" --seeds "$seeds" --base none --row pretrained \
         > "$here/paired_img${n}_val1976.json"
       python "$kinds" --task refcoco --base "$out/refcoco/img${n}_s*/none/predictions_val.json" \
         --row "$out/refcoco/img${n}_s*/pretrained/predictions_val.json" --out "$here/by_kind_img${n}_val98.json" \
