@@ -8,22 +8,26 @@
 # Session 77's pipeline does the work (refcoco_s77/run.sh: trains on data/demo as the launcher does, scores on its
 # splits, then the saved model on the large val); it builds data/demo_val4000 if it is not there.
 #   bash docs/table4_demo/refcoco_s78/run.sh    OUT (runs/refcoco_s78), PRETRAINED (runs/demo/export),
-#                                                NONE (runs/demo_step0/export), ARMS ("on off"), SEEDS ("0 1 2";
-#                                                others' reports go to <arm>/seeds_<seeds>, e.g. on/seeds_0_1_2_3_4)
+#                                                NONE (runs/demo_step0/export), ARMS ("on off"), N (15; other sizes'
+#                                                reports go to <arm>/img<N>), SEEDS ("0 1 2"; others' reports go to
+#                                                .../seeds_<seeds>: on/seeds_0_1_2_3_4, off/img150/seeds_0)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 here=docs/table4_demo/refcoco_s78
 out="${OUT:-runs/refcoco_s78}"
-export PRETRAINED="${PRETRAINED:-runs/demo/export}" NONE="${NONE:-runs/demo_step0/export}" N=15
-[ -f data/demo_val4000/raw/refcoco+/instances.json ] || python -m shards.demo --out data/demo_val4000 --images 5800 --val 4000
+export PRETRAINED="${PRETRAINED:-runs/demo/export}" NONE="${NONE:-runs/demo_step0/export}" N="${N:-15}"
+steps="train large report"
+[ -f data/demo_val4000/raw/refcoco+/instances.json ] || steps="corpus $steps"  # session 77's large val, once
+size=$([ "$N" = 15 ] || echo "/img$N")
 for arm in ${ARMS:-on off}; do
-  reports="$here/$arm${SEEDS:+/seeds_${SEEDS// /_}}"
+  reports="$here/$arm$size${SEEDS:+/seeds_${SEEDS// /_}}"
   mkdir -p "$reports"
   if [ "$arm" = off ]; then
     args="backbone.model.relation_alignment_landmark_first=false backbone.model.region_aligned_words=false"
   else
     args=""
   fi
-  OUT="$out/$arm" REPORTS="$reports" REFCOCO_ARGS="$args" STEPS="train large report" \
+  OUT="$out/$arm" REPORTS="$reports" REFCOCO_ARGS="$args" STEPS="$steps" \
     bash docs/table4_demo/refcoco_s77/run.sh
+  steps="${steps#corpus }"
 done
