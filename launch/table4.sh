@@ -19,6 +19,7 @@
 #   over the features instead) and questions from the image alone (the demo's captions name every shape and colour,
 #   so with them a model need not look); region features from the export's own Fast R-CNN, extracted once to
 #   $OUT/vqg/features_<init>.tsv.
+#   PRETRAIN_ONLY=1: make the rows' missing exports and stop (scripts with their own finetune layout, session 79).
 #   PRETRAIN_ARGS: overrides for every pretraining run (on one GPU "data.caption_batch_size=8 data.text_batch_size=8":
 #   the CPU recipe's global batch of 2 ranks x (4 + 4)). MASTER_PORT: a port of its own per instance side by side.
 # Ends with `python -m finetune.table4`: the table with 95% intervals by image, the paired differences from
@@ -66,6 +67,7 @@ for init in "${inits[@]}"; do
       $(pretrain_overrides "$init") ${PRETRAIN_ARGS:-}
   fi
 done
+[ "${PRETRAIN_ONLY:-0}" = 1 ] && exit 0
 
 # a Table 4 column: its launcher and the overrides that pick the track or subtask
 launcher() {

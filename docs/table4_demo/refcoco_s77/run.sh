@@ -12,7 +12,10 @@
 #   bash docs/table4_demo/refcoco_s77/run.sh    OUT (runs/refcoco_s77), PRETRAINED (runs/demo_s73/export),
 #                                                NONE (runs/demo_step0_s74/export), SEEDS ("0 1 2"), N (150),
 #                                                STEPS ("corpus train large vqa report"), REPORTS (this folder),
-#                                                REFCOCO_ARGS (more RefCOCO+ finetune overrides, session 78's)
+#                                                REFCOCO_ARGS (more RefCOCO+ finetune overrides, session 78's),
+#                                                TRACK (gt; the track the large val is scored on), LARGE (refcoco_val4000;
+#                                                the large step's folder under OUT), DETS (the large val's dets.json;
+#                                                another box set for the detected track), session 79's
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/refcoco_s77}"
@@ -52,9 +55,9 @@ for step in ${STEPS:-corpus train large vqa report}; do
     large)  # the same saved models on the large val: $OUT/refcoco_val4000/img<N>_s<seed>/<row>
       for seed in ${SEEDS:-0 1 2}; do
         for row in pretrained none; do
-          score_large refcoco "$out/refcoco/img${n}_s$seed/$row" "$out/refcoco_val4000/img${n}_s$seed/$row" \
-            eval_split=val track=gt "data.refs=$big/raw/refcoco+/refs(unc).p" \
-            "data.instances=$big/raw/refcoco+/instances.json" "data.detections=$big/raw/refcoco+/dets.json" \
+          score_large refcoco "$out/refcoco/img${n}_s$seed/$row" "$out/${LARGE:-refcoco_val4000}/img${n}_s$seed/$row" \
+            eval_split=val track="${TRACK:-gt}" "data.refs=$big/raw/refcoco+/refs(unc).p" \
+            "data.instances=$big/raw/refcoco+/instances.json" "data.detections=${DETS:-$big/raw/refcoco+/dets.json}" \
             "image.root=$big/raw/images"
         done
       done ;;

@@ -10,7 +10,9 @@
 #   bash docs/table4_demo/refcoco_s78/run.sh    OUT (runs/refcoco_s78), PRETRAINED (runs/demo/export),
 #                                                NONE (runs/demo_step0/export), ARMS ("on off"), N (15; other sizes'
 #                                                reports go to <arm>/img<N>), SEEDS ("0 1 2"; others' reports go to
-#                                                .../seeds_<seeds>: on/seeds_0_1_2_3_4, off/img150/seeds_0)
+#                                                .../seeds_<seeds>: on/seeds_0_1_2_3_4, off/img150/seeds_0),
+#                                                TRACK (gt; detected trains and scores on the detector's boxes, runs in
+#                                                $OUT/<arm>/detected, reports in <arm>/detected/..., session 79)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 here=docs/table4_demo/refcoco_s78
@@ -19,15 +21,18 @@ export PRETRAINED="${PRETRAINED:-runs/demo/export}" NONE="${NONE:-runs/demo_step
 steps="train large report"
 [ -f data/demo_val4000/raw/refcoco+/instances.json ] || steps="corpus $steps"  # session 77's large val, once
 size=$([ "$N" = 15 ] || echo "/img$N")
+track="${TRACK:-gt}"
+sub=$([ "$track" = gt ] || echo "/$track")
 for arm in ${ARMS:-on off}; do
-  reports="$here/$arm$size${SEEDS:+/seeds_${SEEDS// /_}}"
+  reports="$here/$arm$sub$size${SEEDS:+/seeds_${SEEDS// /_}}"
   mkdir -p "$reports"
   if [ "$arm" = off ]; then
     args="backbone.model.relation_alignment_landmark_first=false backbone.model.region_aligned_words=false"
   else
     args=""
   fi
-  OUT="$out/$arm" REPORTS="$reports" REFCOCO_ARGS="$args" STEPS="$steps" \
+  [ "$track" = gt ] || args="$args track=$track"
+  OUT="$out/$arm$sub" REPORTS="$reports" REFCOCO_ARGS="$args" TRACK="$track" STEPS="$steps" \
     bash docs/table4_demo/refcoco_s77/run.sh
   steps="${steps#corpus }"
 done
