@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         keys, codes = outcomes(files, refs, anns, by_image, dets)
         rows[name] = (keys, codes)
         report[name] = {"files": files}
+        metrics = Path(files[0]).parent / "metrics_val.json"  # a random candidate's accuracy on this box set
+        if metrics.exists():
+            report["chance"] = json.loads(metrics.read_text())["chance"]
     keys, base = rows["base"]
     if rows["row"][0] != keys:
         raise SystemExit("detected_errors: the two rows scored different expressions")

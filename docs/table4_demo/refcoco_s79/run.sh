@@ -6,10 +6,12 @@
 # boxes plus the false positives), and every scoring is split by outcome (detected_errors.py) and by kind.
 #   bash docs/table4_demo/refcoco_s79/run.sh    RUNS (runs/refcoco_s78/on), OUT (runs/refcoco_s79), SEEDS ("0 1 2"),
 #                                                MODELS ("gt detected": the models trained on each track),
-#                                                STEPS ("boxsets score report")
+#                                                STEPS ("boxsets score report"), REPORTS (this folder; the off
+#                                                arm's: RUNS=runs/refcoco_s78/off REPORTS=$here/off)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 here=docs/table4_demo/refcoco_s79
+reports="${REPORTS:-$here}"
 runs="${RUNS:-runs/refcoco_s78/on}"
 out="${OUT:-runs/refcoco_s79}"
 big=data/demo_val4000/raw/refcoco+
@@ -30,6 +32,11 @@ for step in ${STEPS:-boxsets score report}; do
         done
       done ;;
     report)
+      mkdir -p "$reports"
+      glob="$runs/refcoco_val4000/img15_s[$(echo $seeds | tr -d ' ')]"  # the gt track itself, these seeds
+      python docs/table4_demo/vcr_s70/kind_pair.py --task refcoco --records "$big/refs(unc).p" \
+        --base "$glob/none/predictions_val.json" --row "$glob/pretrained/predictions_val.json" \
+        --out "$reports/by_kind_gt_trained_on_gt.json" > /dev/null
       for model in ${MODELS:-gt detected}; do
         for set in dets objects_only gt_and_false; do
           large=$([ "$model/$set" = detected/dets ] && echo refcoco_val4000 || echo "refcoco_val4000_$set")
@@ -37,8 +44,9 @@ for step in ${STEPS:-boxsets score report}; do
           ls $glob/none/predictions_val.json > /dev/null 2>&1 || continue
           python docs/table4_demo/refcoco_s79/detected_errors.py --data "$big" --dets "${dets[$set]}" \
             --base "$glob/none/predictions_val.json" --row "$glob/pretrained/predictions_val.json" \
-            --out "$here/errors_${model}_trained_on_$set.json" > /dev/null
+            --out "$reports/errors_${model}_trained_on_$set.json" > /dev/null
         done
-      done ;;
+      done
+      python "$here/plot.py" "$reports" ;;
   esac
 done
