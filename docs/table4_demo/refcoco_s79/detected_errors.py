@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from diagnostics.statistics import clustered_bootstrap, paired_test  # noqa: E402
 from docs.table4_demo.lowdata_s62.name_reader import kind_of  # noqa: E402
+from docs.table4_demo.vcr_s70.kind_pair import percent  # noqa: E402
 from finetune.refcoco import read_detections, read_refs  # noqa: E402
 from shards.coco import read_instances  # noqa: E402
 
@@ -61,10 +62,6 @@ def outcomes(files: list[str], refs: dict, anns: dict, by_image: dict, dets: dic
             else:
                 codes[s, j] = 3
     return keys, codes
-
-
-def percent(summary: dict) -> list:
-    return [round(100 * summary["mean"], 2), [round(100 * v, 2) for v in summary["ci95"]]]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,8 @@
 # scored again on box sets between the two (boxsets.py: the detections less their false positives; the exact gt
 # boxes plus the false positives), and every scoring is split by outcome (detected_errors.py) and by kind.
 #   bash docs/table4_demo/refcoco_s79/run.sh    RUNS (runs/refcoco_s78/on), OUT (runs/refcoco_s79), SEEDS ("0 1 2"),
-#                                                MODELS ("gt detected": the models trained on each track),
+#                                                MODELS ("gt detected": the models trained on each track), SETS
+#                                                ("dets objects_only gt_and_false": the box sets scored),
 #                                                STEPS ("boxsets score report"), REPORTS (this folder; the off
 #                                                arm's: RUNS=runs/refcoco_s78/off REPORTS=$here/off)
 set -euo pipefail
@@ -25,7 +26,7 @@ for step in ${STEPS:-boxsets score report}; do
       python "$here/boxsets.py" --data "$big" --out "$out/boxsets" > "$here/boxsets.json" ;;
     score)  # $RUNS[/detected]/refcoco_val4000_<set>/img15_s<seed>/<row>; the detected models on dets are session 78's
       for model in ${MODELS:-gt detected}; do
-        for set in dets objects_only gt_and_false; do
+        for set in ${SETS:-dets objects_only gt_and_false}; do
           [ "$model/$set" = detected/dets ] && continue
           OUT="${trained[$model]}" TRACK=detected LARGE="refcoco_val4000_$set" DETS="${dets[$set]}" N=15 \
             SEEDS="$seeds" STEPS=large bash docs/table4_demo/refcoco_s77/run.sh
