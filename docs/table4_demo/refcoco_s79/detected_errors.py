@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("detected_errors: the two rows scored different expressions")
     row = rows["row"][1]
     images = np.array([int(refs[k[0]]["image_id"]) for k in keys])
-    kinds = np.array([kind_of(s["sent"]) for k in keys for s in refs[k[0]]["sentences"] if s["sent_id"] == k[1]])
+    sentence = {(ref_id, s["sent_id"]): s["sent"] for ref_id, ref in refs.items() for s in ref["sentences"]}
+    kinds = np.array([kind_of(sentence[k]) for k in keys])
     detectable = (base[0] != 1)
     for name, codes in (("base", base), ("row", row)):
         for part, pick in (("all", kinds != ""), ("names", kinds == "names"), ("relational", kinds == "relational")):
