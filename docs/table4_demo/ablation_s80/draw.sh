@@ -42,6 +42,8 @@ backbone.model.region_aligned_words=false" || true)
           --row "pretrained_draw$draw" --row no_text --row "no_text_draw$draw" > "$here/$arm/draw${draw}_vs_pretrained.json"
         python docs/table4_demo/refcoco_start/paired.py --runs "$layout" --images 15 --seeds "$s" \
           --base "pretrained_draw$draw" --row "no_text_draw$draw" > "$here/$arm/draw${draw}_no_text_vs_draw.json"
+        python docs/table4_demo/refcoco_start/paired.py --runs "$layout" --images 15 --seeds "$s" --base none \
+          --row "pretrained_draw$draw" --row "no_text_draw$draw" > "$here/$arm/draw${draw}_vs_none.json"
         for row in "pretrained_draw$draw" "no_text_draw$draw"; do
           python docs/table4_demo/vcr_s70/kind_pair.py --task refcoco \
             --records "data/demo_val4000/raw/refcoco+/refs(unc).p" \
