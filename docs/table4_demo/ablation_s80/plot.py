@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from docs.table4_demo.bars import bars, report_panels, save  # noqa: E402
+from docs.table4_demo.bars import bars, kind_rows, report_panels, save  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROWS = {"none": "no VL pretraining (step 0)", "pretrained": "VL pretrained (the quick start)",
@@ -36,15 +36,12 @@ VCR = HERE.parent / "ablation_s79" / "vcr_img150_vs_none.json"
 
 
 def kinds(folder: Path, rows) -> dict[str, dict]:
-    """{kind: {row: {mean, ci95}}} for "all" and "relational" from the folder's by_kind_<row>_vs_pretrained.json."""
-    out = {}
-    for kind in ("all", "relational"):
-        got = {}
-        for row in rows:
-            rep = json.loads((folder / f"by_kind_{row}_vs_pretrained.json").read_text())[kind]
-            got[row] = {"mean": rep["row"][0], "ci95": rep["row"][1]}
-            got["pretrained"] = {"mean": rep["base"][0], "ci95": rep["base"][1]}
-        out[kind] = got
+    """{kind: {row: {mean, ci95}}} for "all" and "relational", each row from the folder's
+    by_kind_<row>_vs_pretrained.json (the full recipe, their common base, from any of them)."""
+    out = {"all": {}, "relational": {}}
+    for row in rows:
+        for kind, got in kind_rows(folder / f"by_kind_{row}_vs_pretrained.json", "pretrained", row, tuple(out)).items():
+            out[kind].update(got)
     return out
 
 
