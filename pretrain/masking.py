@@ -227,13 +227,15 @@ class PretrainMasker:
         out = self._text_inputs(torch.where(valid, ids, self.pad_id).repeat(k, 1), valid.repeat(k, 1), g, caption=True,
                                 rows=None if region_images is None else ~region_images.repeat(k))
         # masked RoI classification
-        candidates = box_mask if region_images is None else box_mask & region_images.unsqueeze(1)
+        # a box no stored distribution describes (a detector view's false positive, class -1) has no MRC target
+        targets = box_mask & (batch["box_classes"] >= 0)
+        candidates = targets if region_images is None else targets & region_images.unsqueeze(1)
         chosen = (torch.rand(b, n, generator=g) < c.mrc_probability) & candidates
         if not mrc:  # drawn all the same: the words' masks and every later draw stay the MRC run's
             chosen = torch.zeros_like(chosen)
-        elif not chosen.any() and box_mask.any():
+        elif not chosen.any() and targets.any():
             # a region-masking image without boxes leaves one region of another image to be chosen (joint there)
-            candidates = candidates if candidates.any() else box_mask
+            candidates = candidates if candidates.any() else targets
             first = int(candidates.any(1).nonzero()[0])
             chosen[first, int(candidates[first].nonzero()[0])] = True
         zeroed = chosen & (torch.rand(b, n, generator=g) < c.mrc_zero_fraction)

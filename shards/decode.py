@@ -17,6 +17,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
 from .caption_inputs import BOX_DISTRIBUTIONS
+from .detector_view import detector_view
 from .stream_config import StreamConfig
 from .tokenizer import load_tokenizer
 
@@ -139,6 +140,14 @@ class CaptionDecoder:
                 dists[field] = torch.from_numpy(np.load(io.BytesIO(record[member])).astype(np.float16))
                 if len(dists[field]) != len(boxes):
                     raise ValueError(f"{member} has {len(dists[field])} rows, the JSON has {len(boxes)} boxes")
+        if cfg.detector_view.active:
+            if features:
+                raise ValueError("data.detector_view moves boxes, but a features shard's region features were computed "
+                                 "on its stored boxes: turn it off, or extract the features from the images")
+            view = detector_view({"key": record["__key__"], "boxes": boxes, "scores": scores, "classes": classes,
+                                  **dists}, image.shape[2], image.shape[1], cfg.detector_view, cfg.seed)
+            boxes, scores, classes = view["boxes"], view["scores"], view["classes"]
+            dists = {k: view[k] for k in dists}
         if len(boxes) > cfg.max_regions:
             keep = kept_regions(scores, cfg.max_regions)
             boxes, scores, classes = boxes[keep], scores[keep], classes[keep]

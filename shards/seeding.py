@@ -36,6 +36,7 @@ PURPOSES = (
     "training images",    # the order a finetuning's `train_images` subset takes the training images in
     "demo vcr evidence",  # the other colours one demo image's VCR rationales cite (appended: an index is a stream)
     "demo refcoco relation",  # one demo image's relational referring expressions (appended)
+    "detector view",      # one caption image's boxes as a detector sees them (shards/detector_view.py; appended)
 )
 
 

@@ -3,7 +3,9 @@ buckets, workers, epochs (`StreamConfig`, the `data` block of a pretraining conf
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .detector_view import DetectorViewConfig
 
 
 @dataclass
@@ -24,3 +26,6 @@ class StreamConfig:
     length_buckets: int = 1  # > 1: batch similar lengths together within pools of this many batches
     max_bad_fraction: float = 0.5  # stop with an error when more records than this are bad ...
     min_seen: int = 50  # ... once at least this many were read by one role
+    # caption images' boxes as a detector's (jittered, some missed, false positives added; shards/detector_view.py):
+    # for ground-truth boxes where finetuning reads a detector's. Off by default (the boxes as stored)
+    detector_view: DetectorViewConfig = field(default_factory=DetectorViewConfig)

@@ -407,3 +407,26 @@ def test_without_mrc_no_region_is_hidden_and_the_words_masks_are_the_mrc_runs(ma
     for key in ("input_ids", "mlm_positions", "mlm_labels", "text_mask", "token_type_ids", "box_mask", "boxes"):
         assert torch.equal(out[key], base[key]), key
     assert out["real_positions"] == base["real_positions"]
+
+
+def test_the_masker_never_takes_a_false_positive_as_an_mrc_target():
+    tok = load_tokenizer(None)
+    m = PretrainMasker(MaskingConfig(mrc_probability=1.0, mrc_zero_fraction=0.5), tok, cls_id=101, sep_id=102,
+                       mask_id=103, num_classes=9)
+    b, n = 8, 6
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(b, n, 2, generator=g) * 100
+    classes = torch.randint(1, 9, (b, n), generator=g)
+    classes[:, 4:] = -1  # two false positives per image (shards.detector_view's class)
+    batch = {"index": 0, "caption": {
+        "keys": [str(i) for i in range(b)], "input_ids": torch.full((b, 8), 2204),
+        "attention_mask": torch.ones(b, 8, dtype=torch.bool), "images": torch.zeros(b, 3, 128, 128, dtype=torch.uint8),
+        "image_sizes": torch.full((b, 2), 128), "boxes": torch.cat([xy, xy + 20], -1),
+        "box_mask": torch.ones(b, n, dtype=torch.bool), "box_scores": torch.ones(b, n), "box_classes": classes,
+        "class_probs": torch.softmax(torch.randn(b, n, 9, generator=g), -1).half()}}
+    out = m(batch)["caption"]
+    chosen = torch.zeros(b * n, dtype=torch.bool)
+    chosen[out["mrc_positions"]] = True
+    # at probability 1 every region with a target is chosen, and no false positive
+    assert torch.equal(chosen.view(b, n), classes >= 0)
+    assert (out["mrc_labels"] >= 1).all()
