@@ -24,18 +24,19 @@ def kind_rows(path: Path, base: str, row: str, kinds=("colour", "where")) -> dic
                 row: {"mean": rep[k]["row"][0], "ci95": rep[k]["row"][1]}} for k in kinds}
 
 
-def save(fig, folder: Path) -> None:
-    """<folder>/table4.png, the name the docs link."""
-    fig.tight_layout()
+def save(fig, folder: Path, bottom: float = 0.0) -> None:
+    """<folder>/table4.png, the name the docs link; `bottom`: the figure's share kept free below the panels (for a
+    legend of the whole figure)."""
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     out = folder / "table4.png"
     fig.savefig(out, dpi=110)
     print(out)
 
 
 def bars(ax, panels: dict[str, tuple[dict, float]], rows: dict[str, str], title: str) -> None:
-    """panels: {label: ({row: {"mean", "ci95"}}, prior or chance)}; rows: {row: legend label}, drawn where every
-    panel has the row; a row keeps its colour (its place in `rows`) when another is left out, so panels side by side
-    match."""
+    """panels: {label: ({row: {"mean", "ci95"}}, prior or chance, or None)}; rows: {row: legend label}, drawn where
+    every panel has the row; a row keeps its colour (its place in `rows`) when another is left out, so panels side by
+    side match."""
     colour = {r: f"C{i}" for i, r in enumerate(rows)}
     rows = {r: label for r, label in rows.items() if all(r in got for got, _ in panels.values())}
     width = 0.8 / len(rows)
@@ -49,6 +50,8 @@ def bars(ax, panels: dict[str, tuple[dict, float]], rows: dict[str, str], title:
             err[1].append(s["ci95"][1] - s["mean"])
         ax.bar(xs, ys, width, yerr=err, capsize=3, label=label, color=colour[row])
     for k, (_, chance) in enumerate(panels.values()):
+        if chance is None:  # a share that has no chance level (an error kind's)
+            continue
         ax.hlines(chance, k - 0.45, k + 0.45, colors="k", linestyles="--", label="prior / chance" if k == 0 else None)
     ax.set_xticks(range(len(panels)), list(panels), fontsize=8)
     ax.set_ylabel("accuracy (%)")

@@ -76,8 +76,14 @@ for step in ${STEPS:-pretrain detected gt report}; do
       for row in pretrained pretrained_draw1 detector_view detector_view_draw1; do
         [ -e "$layout/img15_s${seeds%% *}/$row" ] && rows+=(--row "$row")
       done
+      [ ${#rows[@]} -gt 0 ] || continue  # this track not finetuned yet
       python docs/table4_demo/refcoco_start/paired.py --runs "$layout" --images 15 --seeds "$s" --base none \
         "${rows[@]}" > "$here/$track/vs_none.json"
+      for ((i = 1; i < ${#rows[@]}; i += 2)); do  # each row's kinds (all, names, relational) against step 0
+        python docs/table4_demo/vcr_s70/kind_pair.py --task refcoco --records "$big/refs(unc).p" \
+          --base "$layout/img15_s*/none/predictions_val.json" --row "$layout/img15_s*/${rows[i]}/predictions_val.json" \
+          --out "$here/$track/by_kind_${rows[i]}_vs_none.json" > /dev/null
+      done
       for draw in ${DRAWS:-0 1}; do
         suffix=$([ "$draw" = 0 ] || echo "_draw$draw")
         [ -e "$layout/img15_s${seeds%% *}/detector_view$suffix" ] || continue
