@@ -38,6 +38,24 @@ def test_launch_configs_load(name):
     assert model_cfg.hidden_size == {"demo": 384, "vlbert_base_cc": 768, "vlbert_large_cc": 1024}[name]
 
 
+@pytest.mark.parametrize("name", ["demo", "demo_long", "demo_features"])
+def test_a_demo_config_builds_the_detector_its_warm_up_trains(name):
+    """A pretraining config loads the weights its detector warm-up writes into a Fast R-CNN of its own shape. The
+    shapes that change what the weights compute without failing to load them (feature_stride: the same convolutions
+    at another resolution; the RoI grid) must match the warm-up's, or the run trains on a detector that names
+    nothing it learnt to (checked against the warm-up config that `pretrain.prepare` runs for those weights)."""
+    from pretrain.detector import DetectorConfig
+    from pretrain.prepare import warmup_for
+
+    cfg = load_config(PretrainConfig, ROOT / f"launch/configs/{name}.yaml")
+    model = build_model_config(cfg).fast_rcnn
+    warmup = warmup_for(model.weights, sorted((ROOT / "launch/configs").glob("detector_*.yaml")))
+    assert warmup is not None, f"{name}.yaml: no warm-up config writes {model.weights}"
+    trained = load_config(DetectorConfig, str(warmup), []).fast_rcnn
+    for field in ("backbone", "num_classes", "roi_output_size", "feature_stride", "res5_dilation", "stride_in_1x1"):
+        assert getattr(model, field) == getattr(trained, field), (name, warmup.name, field)
+
+
 def test_the_image_ablated_control_reads_no_boxes():
     """masking.ablate_image greys the pixels and (unless `model` says otherwise) sets the model's region_geometry
     to whole_image, which the export's config carries to every evaluation of the control."""
