@@ -33,6 +33,16 @@ def save(fig, folder: Path, bottom: float = 0.0) -> None:
     print(out)
 
 
+def one_legend(fig, axes, ncol: int = 3) -> None:
+    """One legend for the whole figure, below it, in place of each panel's (the rows keep their colours across
+    panels, so the first panel's entries name them all); pair with save(fig, folder, bottom=0.1)."""
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
+
+
 def bars(ax, panels: dict[str, tuple[dict, float]], rows: dict[str, str], title: str) -> None:
     """panels: {label: ({row: {"mean", "ci95"}}, prior or chance, or None)}; rows: {row: legend label}, drawn where
     every panel has the row; a row keeps its colour (its place in `rows`) when another is left out, so panels side by

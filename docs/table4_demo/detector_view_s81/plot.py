@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from docs.table4_demo.bars import bars, kind_rows, save  # noqa: E402
+from docs.table4_demo.bars import bars, kind_rows, one_legend, save  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROWS = {"none": "no VL pretraining (step 0)", "pretrained": "the quick start's recipe, draw 0",
@@ -60,17 +60,13 @@ def main() -> int:
     fig, axes = plt.subplots(1, 2, figsize=(3 + 1.7 * sum(widths), 5.8), gridspec_kw={"width_ratios": widths})
     bars(axes[0], panels, ROWS, "RefCOCO+, 15 training images, 1,976 val images,\n3 finetuning seeds: "
          "pretrained on exact boxes\nor on a detector's view of them")
-    # one legend for both panels (the rows keep their colours across them), below the figure
-    handles, labels = axes[0].get_legend_handles_labels()
-    axes[0].get_legend().remove()
     if errors:
         bars(axes[1], errors, ROWS, "The detected track's errors")
         axes[1].set_ylim(0, max(s["ci95"][1] for got, _ in errors.values() for s in got.values()) * 1.2)
         axes[1].set_ylabel("% of expressions")
-        axes[1].get_legend().remove()
     else:
         axes[1].axis("off")
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8)
+    one_legend(fig, axes, ncol=2)
     save(fig, HERE, bottom=0.1)
     return 0
 

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Table 4 with little labelled data from the stride-8 quick start (docs/FINETUNE.md, session 83): session 76's cells
+# (VQA at 50 and 150 training images, VCR Q->A at 150, RefCOCO+ gt at 15; three finetuning seeds each, the launchers'
+# recipes of docs/table4_demo/lowdata_s62/run.sh) from the export `bash launch/pretrain.sh` makes since session 82
+# (its detector at feature stride 8) against its own step 0 (the packaged MiniLM with the same stride-8 warm-up, one
+# step at learning rate 0, as launch/table4.sh makes a `none` row), the launchers' defaults at full data (VQA, VCR
+# Q->A; seed 0), then the paired reports and the figure here.
+#   bash docs/table4_demo/stride8_s83/run.sh    PRETRAINED (runs/demo/export), NONE (runs/demo_step0_s8/export),
+#                                                OUT (runs/stride8_s83), STEPS ("step0 lowdata full report")
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+here=docs/table4_demo/stride8_s83
+out="${OUT:-runs/stride8_s83}"
+pretrained="${PRETRAINED:-runs/demo/export}"
+none="${NONE:-runs/demo_step0_s8/export}"
+for step in ${STEPS:-step0 lowdata full report}; do
+  case "$step" in
+    step0)
+      [ -f "$none/model.safetensors" ] || bash launch/pretrain.sh engine.run_dir="$(dirname "$none")" \
+        engine.steps=1 optim.lr=0 optim.warmup_steps=0 grounding=null detector_drift=null ;;
+    lowdata)
+      PRETRAINED="$pretrained" NONE="$none" OUT="$out" STEPS="vqa vcr refcoco" VQA_SIZES="150 50" \
+        bash docs/table4_demo/lowdata_s62/run.sh ;;
+    full)  # the launchers' defaults, seed 0: VQA at full data, VCR Q->A
+      for row in pretrained none; do
+        init="$pretrained"; [ "$row" = none ] && init="$none"
+        dir="$out/full/vqa/full_s0/$row"
+        [ -f "$dir/metrics_val2014.json" ] || RUNS="$out/full/vqa" bash launch/finetune_vqa.sh backbone.init="$init" \
+          engine.run_dir="$dir"
+        dir="$out/full/vcr/full_s0/$row"
+        [ -f "$dir/qa/metrics_val.json" ] || SUBTASKS=qa RUNS="$dir" bash launch/finetune_vcr.sh backbone.init="$init"
+      done ;;
+    report)
+      paired=docs/table4_demo/refcoco_start/paired.py
+      kinds=docs/table4_demo/vcr_s70/kind_pair.py
+      for n in 50 150; do
+        python "$paired" --task vqa --runs "$out/vqa" --images "$n" --base none --row pretrained \
+          > "$here/vqa_img$n.json"
+      done
+      python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained > "$here/vcr_img150.json"
+      python "$kinds" --base "$out/vcr/img150_s*/none/qa/predictions_val.json" \
+        --row "$out/vcr/img150_s*/pretrained/qa/predictions_val.json" --out "$here/vcr_img150_by_kind.json" > /dev/null
+      python "$paired" --runs "$out/refcoco" --images 15 --base none --row pretrained > "$here/refcoco_img15.json"
+      python "$kinds" --task refcoco --base "$out/refcoco/img15_s*/none/predictions_val.json" \
+        --row "$out/refcoco/img15_s*/pretrained/predictions_val.json" --out "$here/refcoco_img15_by_kind.json" \
+        > /dev/null
+      python "$paired" --task vqa --runs "$out/full/vqa" --images full --seeds 0 --base none --row pretrained \
+        > "$here/vqa_full.json"
+      python "$paired" --task vcr --runs "$out/full/vcr" --images full --seeds 0 --base none --row pretrained \
+        > "$here/vcr_full.json"
+      python "$here/plot.py" ;;
+    *) echo "$0: unknown step '$step' (step0, lowdata, full, report)" >&2; exit 2 ;;
+  esac
+done
