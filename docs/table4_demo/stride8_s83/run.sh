@@ -4,16 +4,19 @@
 # recipes of docs/table4_demo/lowdata_s62/run.sh) from the export `bash launch/pretrain.sh` makes since session 82
 # (its detector at feature stride 8) against its own step 0 (the packaged MiniLM with the same stride-8 warm-up, one
 # step at learning rate 0, as launch/table4.sh makes a `none` row), the launchers' defaults at full data (VQA, VCR
-# Q->A; seed 0), then the paired reports and the figure here.
+# Q->A; seed 0), VCR Q->A and VQA at 150 images from more pretraining draws (session 82's seeds 1 and 2), then the
+# paired reports and the figure here. This session: PRETRAINED=runs/demo_s8/export OUT=runs/s83/lowdata
+# DRAW_EXPORT=runs/demo_s8_draw.
 #   bash docs/table4_demo/stride8_s83/run.sh    PRETRAINED (runs/demo/export), NONE (runs/demo_step0_s8/export),
-#                                                OUT (runs/stride8_s83), STEPS ("step0 lowdata full report")
+#                                                OUT (runs/stride8_s83), STEPS ("step0 lowdata full draws report"),
+#                                                DRAWS ("1 2"), DRAW_EXPORT (runs/demo_draw: <it><D>/export)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 here=docs/table4_demo/stride8_s83
 out="${OUT:-runs/stride8_s83}"
 pretrained="${PRETRAINED:-runs/demo/export}"
 none="${NONE:-runs/demo_step0_s8/export}"
-for step in ${STEPS:-step0 lowdata full report}; do
+for step in ${STEPS:-step0 lowdata full draws report}; do
   case "$step" in
     step0)
       [ -f "$none/model.safetensors" ] || bash launch/pretrain.sh engine.run_dir="$(dirname "$none")" \
@@ -21,6 +24,19 @@ for step in ${STEPS:-step0 lowdata full report}; do
     lowdata)
       PRETRAINED="$pretrained" NONE="$none" OUT="$out" STEPS="vqa vcr refcoco" VQA_SIZES="150 50" \
         bash docs/table4_demo/lowdata_s62/run.sh ;;
+    draws)  # VCR Q->A and VQA at 150 images from more pretraining draws of the recipe (one warm-up: step 0's runs
+            # shared; runs/demo_draw<D>: bash launch/pretrain.sh engine.seed=D data.seed=D engine.run_dir=...)
+      for d in ${DRAWS:-1 2}; do
+        for task in vcr vqa; do
+          [ "$task" = vqa ] && [ "$d" != 1 ] && continue  # VQA's gain replicated on draw 1; VCR's was the question
+          for s in 0 1 2; do
+            mkdir -p "$out/draw$d/$task/img150_s$s"
+            ln -sfn "$PWD/$out/$task/img150_s$s/none" "$out/draw$d/$task/img150_s$s/none"
+          done
+          PRETRAINED="${DRAW_EXPORT:-runs/demo_draw}$d/export" NONE="$none" OUT="$out/draw$d" STEPS="$task" \
+            VQA_SIZES=150 bash docs/table4_demo/lowdata_s62/run.sh
+        done
+      done ;;
     full)  # the launchers' defaults, seed 0: VQA at full data, VCR Q->A
       for row in pretrained none; do
         init="$pretrained"; [ "$row" = none ] && init="$none"
@@ -37,6 +53,21 @@ for step in ${STEPS:-step0 lowdata full report}; do
         python "$paired" --task vqa --runs "$out/vqa" --images "$n" --base none --row pretrained \
           > "$here/vqa_img$n.json"
       done
+      # each draw's finetunes beside draw 0's, as paired.py reads rows (a draw not finetuned is left out)
+      draws=()
+      for d in ${DRAWS:-1 2}; do
+        for task in vcr vqa; do
+          for s in 0 1 2; do
+            runs="$out/draw$d/$task/img150_s$s/pretrained"
+            [ -d "$runs" ] && ln -sfn "$PWD/$runs" "$out/$task/img150_s$s/pretrained_draw$d"
+          done
+        done
+        [ -d "$out/draw$d/vcr" ] && draws+=(--row "pretrained_draw$d")
+      done
+      python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained "${draws[@]}" --pool \
+        > "$here/vcr_img150_draws.json"
+      python "$paired" --task vqa --runs "$out/vqa" --images 150 --base none --row pretrained --row pretrained_draw1 \
+        --pool > "$here/vqa_img150_draws.json"
       python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained > "$here/vcr_img150.json"
       python "$kinds" --base "$out/vcr/img150_s*/none/qa/predictions_val.json" \
         --row "$out/vcr/img150_s*/pretrained/qa/predictions_val.json" --out "$here/vcr_img150_by_kind.json" > /dev/null
@@ -49,6 +80,6 @@ for step in ${STEPS:-step0 lowdata full report}; do
       python "$paired" --task vcr --runs "$out/full/vcr" --images full --seeds 0 --base none --row pretrained \
         > "$here/vcr_full.json"
       python "$here/plot.py" ;;
-    *) echo "$0: unknown step '$step' (step0, lowdata, full, report)" >&2; exit 2 ;;
+    *) echo "$0: unknown step '$step' (step0, lowdata, full, draws, report)" >&2; exit 2 ;;
   esac
 done
