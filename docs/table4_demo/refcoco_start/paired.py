@@ -49,6 +49,9 @@ def seed_accuracies(task: str, runs: Path, images_trained: str, row: str,
     """{metric: ([seeds, examples] accuracies, examples sorted by key; each example's image)}, and each metric's
     prior or chance (the first seed's run's); a metric some seeds lack is left out."""
     subset = f"img{images_trained}" if images_trained.isdigit() else images_trained
+    missing = [str(runs / f"{subset}_s{s}" / row) for s in seeds if not (runs / f"{subset}_s{s}" / row).is_dir()]
+    if missing:  # VCR's reader would find no subtask there and the report would come out empty, not fail
+        raise SystemExit(f"paired.py: row '{row}' has no run at {', '.join(missing)}")
     found = [metrics_of(task, runs / f"{subset}_s{s}" / row) for s in seeds]
     per = [examples for examples, _ in found]
     out = {}

@@ -66,8 +66,10 @@ for step in ${STEPS:-step0 lowdata full draws report}; do
       done
       python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained "${draws[@]}" --pool \
         > "$here/vcr_img150_draws.json"
-      python "$paired" --task vqa --runs "$out/vqa" --images 150 --base none --row pretrained --row pretrained_draw1 \
-        --pool > "$here/vqa_img150_draws.json"
+      if [ -d "$out/draw1/vqa" ]; then
+        python "$paired" --task vqa --runs "$out/vqa" --images 150 --base none --row pretrained \
+          --row pretrained_draw1 --pool > "$here/vqa_img150_draws.json"
+      fi
       python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row pretrained > "$here/vcr_img150.json"
       python "$kinds" --base "$out/vcr/img150_s*/none/qa/predictions_val.json" \
         --row "$out/vcr/img150_s*/pretrained/qa/predictions_val.json" --out "$here/vcr_img150_by_kind.json" > /dev/null
