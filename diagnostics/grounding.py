@@ -18,7 +18,9 @@ and regions of one image are not independent):
   `visible` (chosen but not zeroed, as 10% of training's targets: its own pixels decide, a test of
   vision), `zeroed_named` (pixels zeroed and RoI-[MASK] token, the caption names the object: a test of
   language) and `zeroed_unnamed` (zeroed, not named: at best the class prior). A region is named when
-  its IoU with the single box of one of the sentence's phrase chains is > 0.5.
+  its IoU with the single box of one of the sentence's phrase chains is > 0.5. `visible` is reported whole and in
+  two parts: `visible_in_view` and `visible_covered`, the regions one of the image's sentences names as under the
+  cloth ("a small covered star", `categories.names_covered`), whose class is not in their pixels.
 
 In the shapes world a colour word can only come from the image, so `colour/image` is the headline; the
 matched control (`masking.ablate_image=true`, same seed and schedule) must stay near chance (1/6).
@@ -50,7 +52,7 @@ from shards.skips import SkipLog
 from shards.tokenizer import load_tokenizer
 
 from .ablation import feature_extractor
-from .categories import CHANCE, MRC_SPLITS, NAMED_BY_SPAN, REPORTED, span_naming_lengths, word_category
+from .categories import CHANCE, MRC_SPLITS, NAMED_BY_SPAN, REPORTED, names_covered, span_naming_lengths, word_category
 from .conditions import resolve_fill, training_means
 from .config import GroundingConfig, command_config, command_line, model_specs
 from .plots import grounding_figure
@@ -73,6 +75,7 @@ class _Image:
     boxes: torch.Tensor  # [N, 4] original pixels
     classes: torch.Tensor  # [N]
     sentences: list[_Sentence]
+    covered: torch.Tensor  # [N] bool: named as under the cloth by one of the image's sentences
 
 
 class GroundingData:
@@ -96,19 +99,23 @@ class GroundingData:
             keep = np.argsort(-entry.scores, kind="stable")[: cfg.max_regions]
             region_boxes = torch.from_numpy(entry.boxes[keep]).float()
             sentences = []
+            covered = torch.zeros(len(region_boxes), dtype=torch.bool)
             for sentence in parse_sentences(root / "Sentences" / f"{image_id}.txt"):
                 enc = tokenizer(sentence.words, add_special_tokens=False, is_split_into_words=True)
                 named = torch.zeros(len(region_boxes), dtype=torch.bool)
                 for phrase in sentence.phrases:
                     gold = ann.boxes.get(phrase.chain)
                     if gold is not None and len(gold) == 1:  # one object (a chain over every shape names none)
-                        named |= box_iou(region_boxes, gold.float()).squeeze(-1) > 0.5
+                        over = box_iou(region_boxes, gold.float()).squeeze(-1) > 0.5
+                        named |= over
+                        if names_covered(phrase.words):
+                            covered |= over
                 pieces = Counter(w for w in enc.word_ids() if w is not None)
                 cats = [(i, NAMED_BY_SPAN if pieces[i] in telling[c] else c) for i in range(len(sentence.words))
                         if (c := word_category(sentence.words, i)) is not None]
                 sentences.append(_Sentence(torch.tensor(enc["input_ids"]), enc.word_ids(), cats, named))
             self.images.append(_Image(image_id, region_boxes, torch.from_numpy(entry.classes[keep]).long(),
-                                      sentences))
+                                      sentences, covered))
         if not self.images:
             raise ValueError(f"{root} ({cfg.split}): no image to evaluate; skipped {self.skipped}")
 
@@ -178,7 +185,7 @@ class GroundingEval:
         else:
             region_mean, whole_mean = sums / max(1, n_regions), whole_sum / len(visuals)
         words: dict[str, list] = {"category": [], "image": [], "ablated": [], "cluster": []}
-        mrc: dict[str, list] = {"split": [], "correct": [], "cluster": []}
+        mrc: dict[str, list] = {"split": [], "correct": [], "covered": [], "cluster": []}
         for k, (item, (image, boxes, resize_scale, app, boxes_norm)) in enumerate(tqdm(
                 list(zip(self.data.images, visuals)), desc="grounding", disable=not progress)):
             n = len(boxes)
@@ -228,6 +235,7 @@ class GroundingEval:
             pred = model.masked_roi_classification(out.region_hidden[:, 1:]).argmax(-1)  # [S, N]
             mrc["correct"] += (pred == classes).float().flatten().cpu().tolist()
             mrc["split"] += ["visible"] * (m * n)
+            mrc["covered"] += item.covered.repeat(m).tolist()  # row s * n + j: region j
             mrc["cluster"] += [k] * (m * n)
             # each region zeroed in turn: one CNN pass per hidden region, one encoder pass per (region, sentence)
             hide = torch.eye(n, dtype=torch.bool)  # [N, N]: row j hides region j
@@ -241,6 +249,7 @@ class GroundingEval:
             pred = model.masked_roi_classification(hidden).argmax(-1)
             mrc["correct"] += (pred == classes[region]).float().cpu().tolist()
             mrc["split"] += ["zeroed_named" if bool(x) else "zeroed_unnamed" for x in named.T.flatten()]
+            mrc["covered"] += item.covered[region.cpu()].tolist()
             mrc["cluster"] += [k] * rows
         return {"words": {k: np.asarray(v) for k, v in words.items()},
                 "mrc": {k: np.asarray(v) for k, v in mrc.items()}}
@@ -262,10 +271,19 @@ class GroundingEval:
                                                            **boot),
                 "chance": CHANCE[cat]}
         for split in MRC_SPLITS:
-            sel = m["split"] == split
+            sel = mrc_selection(m, split)
             if sel.any():
                 out["mrc"][split] = clustered_bootstrap(m["correct"][sel], m["cluster"][sel], **boot)
         return out
+
+
+def mrc_selection(mrc: dict, split: str) -> np.ndarray:
+    """The rows of `GroundingEval`'s MRC values in one of `MRC_SPLITS`."""
+    if split == "visible_in_view":
+        return (mrc["split"] == "visible") & ~mrc["covered"].astype(bool)
+    if split == "visible_covered":
+        return (mrc["split"] == "visible") & mrc["covered"].astype(bool)
+    return mrc["split"] == split
 
 
 def scalars(summary: dict, prefix: str = "grounding/") -> dict[str, float]:

@@ -164,3 +164,56 @@ def test_an_image_ablated_model_is_given_its_own_input_as_ablated(demo_corpus):
         assert seen, "no masked-word batch was scored"
         image, ablated = seen[0].chunk(2)  # the first call is the masked words': image rows, then ablated rows
         assert torch.equal(image, ablated) is same
+
+
+def test_names_covered_reads_the_phrase_as_word_category_does():
+    from diagnostics.categories import names_covered
+
+    assert names_covered("a small covered star".split())
+    assert not names_covered("a small red star".split())
+    assert not names_covered("the covered".split())  # no shape word after it: nothing named under the cloth
+
+
+def test_regions_named_as_under_the_cloth_are_the_scenes_covered_objects(demo_corpus):
+    """`GroundingData`'s covered flags, read from the captions, against the builder's own scene file: a region is
+    flagged exactly when its object is drawn covered and one of the image's sentences says "covered <its shape>"."""
+    import json
+    from pathlib import Path
+
+    from diagnostics.config import GroundingConfig
+    from diagnostics.grounding import GroundingData
+    from model.boxes import box_iou
+    from shards.tokenizer import load_tokenizer
+
+    raw = demo_corpus / "raw"
+    root = raw / "flickr30k_entities"
+    data = GroundingData(GroundingConfig(flickr_root=str(root), images=str(raw / "images"),
+                                         boxes=str(root / "boxes_val.jsonl"), max_images=0), load_tokenizer(None))
+    scenes = [json.loads(line) for line in (raw / "scenes.jsonl").read_text().splitlines()]
+    flagged = 0
+    for item in data.images:
+        scene = scenes[int(item.image_id)]
+        assert Path(scene["image"]).stem == item.image_id
+        text = (root / "Sentences" / f"{item.image_id}.txt").read_text().lower()
+        objects = torch.tensor([o["box"] for o in scene["objects"]], dtype=torch.float32)
+        for j, o in enumerate(scene["objects"][k] for k in box_iou(item.boxes, objects).argmax(-1).tolist()):
+            assert bool(item.covered[j]) == (o["covered"] and f"covered {o['category']}" in text), (item.image_id, j)
+        flagged += int(item.covered.sum())
+    assert flagged > 0  # the fixture's corpus draws some
+
+
+def test_visible_mrc_is_split_by_the_cloth():
+    from diagnostics.config import GroundingConfig
+    from diagnostics.grounding import GroundingEval
+
+    evaluator = GroundingEval.__new__(GroundingEval)
+    evaluator.cfg, evaluator.data = GroundingConfig(), [0, 1]
+    values = {"words": {k: np.array([]) for k in ("category", "image", "ablated", "cluster")},
+              "mrc": {"split": np.array(["visible"] * 4 + ["zeroed_named", "zeroed_unnamed"]),
+                      "correct": np.array([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]),
+                      "covered": np.array([False, False, True, True, True, False]),
+                      "cluster": np.array([0, 1, 0, 1, 0, 1])}}
+    mrc = evaluator.summarise(values)["mrc"]
+    assert mrc["visible"]["mean"] == 0.5 and mrc["visible"]["n"] == 4
+    assert mrc["visible_in_view"]["mean"] == 1.0 and mrc["visible_covered"]["mean"] == 0.0
+    assert mrc["zeroed_named"]["mean"] == 1.0 and mrc["zeroed_unnamed"]["mean"] == 0.0
