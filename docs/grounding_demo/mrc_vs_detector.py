@@ -8,7 +8,8 @@ reports how often the MRC head agrees with the detector: high agreement with acc
 detector is the bound; low agreement says the transformer or the head loses what the token carries. It also splits
 off the regions drawn under the grey cloth (`scenes.jsonl`'s `covered`): their class is not in the image, so they
 test the caption, not vision (the grounding table scores covered shape words apart for the same reason; its MRC
-`visible` split counts these regions in).
+`visible` split counts these regions in, and since session 84 splits them off too, as `visible_in_view` /
+`visible_covered`, by what the captions say: the `_captions` columns here, beside the scene file's).
 
     python docs/grounding_demo/mrc_vs_detector.py EXPORT [EXPORT ...] [--out FILE.md] [max_images=100]
 """
@@ -43,7 +44,7 @@ def measure(path: str, overrides: list[str]) -> dict:
     # the scenes the held-out images were drawn from, one line per image in image-id order: which objects are under
     # the grey cloth (their class is not in the image; the caption may still name them)
     scenes = [json.loads(line) for line in (Path(cfg.flickr_root).parent / "scenes.jsonl").read_text().splitlines()]
-    det_ok, mrc_ok, agree, covered, cluster = [], [], [], [], []
+    det_ok, mrc_ok, agree, covered, said_covered, cluster = [], [], [], [], [], []
     with torch.no_grad():
         for k, item in enumerate(ev.data.images):
             scene = scenes[int(item.image_id)]
@@ -64,8 +65,10 @@ def measure(path: str, overrides: list[str]) -> dict:
             mrc_ok += (pred == gold).flatten().tolist()
             agree += (pred == det.unsqueeze(0)).flatten().tolist()
             covered += [o["covered"] for o in scene["objects"]] * m
+            said_covered += item.covered.repeat(m).tolist()  # GroundingData's flags, read from the captions
             cluster += [k] * (m * n)
-    det_ok, mrc_ok, agree, covered, cluster = (np.asarray(v) for v in (det_ok, mrc_ok, agree, covered, cluster))
+    det_ok, mrc_ok, agree, covered, said_covered, cluster = (np.asarray(v) for v in (det_ok, mrc_ok, agree, covered,
+                                                                                     said_covered, cluster))
 
     def stat(values, where):
         b = clustered_bootstrap(values[where].astype(float), cluster[where])
@@ -76,7 +79,10 @@ def measure(path: str, overrides: list[str]) -> dict:
             "mrc_given_detector_right": stat(mrc_ok, det_ok), "mrc_given_detector_wrong": stat(mrc_ok, ~det_ok),
             "mrc_agrees_with_detector": stat(agree, everything), "covered_fraction": stat(covered, everything),
             "detector_right_in_view": stat(det_ok, ~covered), "mrc_visible_in_view": stat(mrc_ok, ~covered),
-            "mrc_visible_covered": stat(mrc_ok, covered)}
+            "mrc_visible_covered": stat(mrc_ok, covered),
+            "detector_right_in_view_captions": stat(det_ok, ~said_covered),
+            "mrc_visible_in_view_captions": stat(mrc_ok, ~said_covered),
+            "mrc_visible_covered_captions": stat(mrc_ok, said_covered)}
 
 
 def fmt(s: dict) -> str:
@@ -95,7 +101,8 @@ torch.set_num_threads(1)
 results = [measure(p, overrides) for p in exports]
 keys = ["detector_right", "mrc_visible", "mrc_given_detector_right", "mrc_given_detector_wrong",
         "mrc_agrees_with_detector", "covered_fraction", "detector_right_in_view", "mrc_visible_in_view",
-        "mrc_visible_covered"]
+        "mrc_visible_covered", "detector_right_in_view_captions", "mrc_visible_in_view_captions",
+        "mrc_visible_covered_captions"]
 lines = ["| export | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
 lines += ["| " + r["export"] + " | " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in results]
 print("\n".join(lines))
