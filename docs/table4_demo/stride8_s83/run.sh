@@ -4,7 +4,7 @@
 # recipes of docs/table4_demo/lowdata_s62/run.sh) from the export `bash launch/pretrain.sh` makes since session 82
 # (its detector at feature stride 8) against its own step 0 (the packaged MiniLM with the same stride-8 warm-up, one
 # step at learning rate 0, as launch/table4.sh makes a `none` row), the launchers' defaults at full data (VQA, VCR
-# Q->A; seed 0), VCR Q->A and VQA at 150 images from more pretraining draws (session 82's seeds 1 and 2), then the
+# Q->A and, since session 84, QA->R; seed 0), VCR Q->A and VQA at 150 images from more pretraining draws (session 82's seeds 1 and 2), then the
 # paired reports and the figure here. This session: PRETRAINED=runs/demo_s8/export OUT=runs/s83/lowdata
 # DRAW_EXPORT=runs/demo_s8_draw.
 #   bash docs/table4_demo/stride8_s83/run.sh    PRETRAINED (runs/demo/export), NONE (runs/demo_step0_s8/export),
@@ -37,7 +37,7 @@ for step in ${STEPS:-step0 lowdata full draws report}; do
             VQA_SIZES=150 bash docs/table4_demo/lowdata_s62/run.sh
         done
       done ;;
-    full)  # the launchers' defaults, seed 0: VQA at full data, VCR Q->A
+    full)  # the launchers' defaults, seed 0: VQA at full data, VCR Q->A and QA->R
       for row in pretrained none; do
         init="$pretrained"; [ "$row" = none ] && init="$none"
         dir="$out/full/vqa/full_s0/$row"
@@ -45,6 +45,8 @@ for step in ${STEPS:-step0 lowdata full draws report}; do
           engine.run_dir="$dir"
         dir="$out/full/vcr/full_s0/$row"
         [ -f "$dir/qa/metrics_val.json" ] || SUBTASKS=qa RUNS="$dir" bash launch/finetune_vcr.sh backbone.init="$init"
+        # QA->R beside it (session 84), so the report gives QA->R and Q->AR at the default too
+        [ -f "$dir/qar/metrics_val.json" ] || SUBTASKS=qar RUNS="$dir" bash launch/finetune_vcr.sh backbone.init="$init"
       done ;;
     report)
       paired=docs/table4_demo/refcoco_start/paired.py
