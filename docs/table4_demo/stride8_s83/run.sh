@@ -83,6 +83,8 @@ for step in ${STEPS:-step0 lowdata full draws report}; do
         > "$here/vqa_full.json"
       python "$paired" --task vcr --runs "$out/full/vcr" --images full --seeds 0 --base none --row pretrained \
         > "$here/vcr_full.json"
+      python "$kinds" --base "$out/full/vcr/full_s0/none/qar/predictions_val.json" \
+        --row "$out/full/vcr/full_s0/pretrained/qar/predictions_val.json" --out "$here/vcr_full_qar_by_kind.json" > /dev/null
       python "$here/plot.py" ;;
     *) echo "$0: unknown step '$step' (step0, lowdata, full, draws, report)" >&2; exit 2 ;;
   esac
