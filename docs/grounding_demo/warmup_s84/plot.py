@@ -39,10 +39,13 @@ for path in sorted(here.glob("e*_seed*.grounding.json")):
 epochs = sorted({e for e, _ in runs})
 seeds = sorted({s for _, s in runs})
 
+def fmt(r: dict) -> str:
+    return f"{r['mean']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+
+
 lines = ["| warm-up epochs | draw | detector object / colour (held out) | colour | shape | MRC in view | MRC visible |",
          "|---|---|---|---|---|---|---|"]
 for (e, s), (g, d) in sorted(runs.items()):
-    fmt = lambda r: f"{r['mean']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"  # noqa: E731
     lines.append(f"| {e:g} | {s} | {d['warm_up']['object_accuracy']:.3f} / {d['warm_up']['attribute_accuracy']:.3f} | "
                  f"{fmt(g['words']['colour']['image'])} | {fmt(g['words']['shape']['image'])} | "
                  f"{fmt(g['mrc']['visible_in_view'])} | {fmt(g['mrc']['visible'])} |")

@@ -8,8 +8,8 @@ set -euo pipefail
 here=docs/grounding_demo/warmup_s84
 mkdir -p runs/s84
 for e in 15 10; do
-  sed -e "s#run_dir: runs/detector-demo-s8#run_dir: runs/det-s8-e$e#" -e "s#^epochs: 2.0 .*#epochs: ${e:0:1}.${e:1:1}#" \
-    launch/configs/detector_demo.yaml > runs/s84/detector_e$e.yaml
+  sed -e "s#run_dir: runs/detector-demo-s8#run_dir: runs/det-s8-e$e#" \
+    -e "s#^epochs: 2.0 .*#epochs: ${e:0:1}.${e:1:1}#" launch/configs/detector_demo.yaml > runs/s84/detector_e$e.yaml
   python -m pretrain.detector --config runs/s84/detector_e$e.yaml
 done
 pretrain() {  # epochs x 10, seed, run dir

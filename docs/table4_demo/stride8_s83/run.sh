@@ -4,9 +4,9 @@
 # recipes of docs/table4_demo/lowdata_s62/run.sh) from the export `bash launch/pretrain.sh` makes since session 82
 # (its detector at feature stride 8) against its own step 0 (the packaged MiniLM with the same stride-8 warm-up, one
 # step at learning rate 0, as launch/table4.sh makes a `none` row), the launchers' defaults at full data (VQA, VCR
-# Q->A and, since session 84, QA->R; seed 0), VCR Q->A and VQA at 150 images from more pretraining draws (session 82's seeds 1 and 2), then the
-# paired reports and the figure here. This session: PRETRAINED=runs/demo_s8/export OUT=runs/s83/lowdata
-# DRAW_EXPORT=runs/demo_s8_draw.
+# Q->A and, since session 84, QA->R; seed 0), VCR Q->A and VQA at 150 images from more pretraining draws (session
+# 82's seeds 1 and 2), then the paired reports and the figure here. This session: PRETRAINED=runs/demo_s8/export
+# OUT=runs/s83/lowdata DRAW_EXPORT=runs/demo_s8_draw.
 #   bash docs/table4_demo/stride8_s83/run.sh    PRETRAINED (runs/demo/export), NONE (runs/demo_step0_s8/export),
 #                                                OUT (runs/stride8_s83), STEPS ("step0 lowdata full draws report"),
 #                                                DRAWS ("1 2"), DRAW_EXPORT (runs/demo_draw: <it><D>/export)
@@ -84,7 +84,8 @@ for step in ${STEPS:-step0 lowdata full draws report}; do
       python "$paired" --task vcr --runs "$out/full/vcr" --images full --seeds 0 --base none --row pretrained \
         > "$here/vcr_full.json"
       python "$kinds" --base "$out/full/vcr/full_s0/none/qar/predictions_val.json" \
-        --row "$out/full/vcr/full_s0/pretrained/qar/predictions_val.json" --out "$here/vcr_full_qar_by_kind.json" > /dev/null
+        --row "$out/full/vcr/full_s0/pretrained/qar/predictions_val.json" --out "$here/vcr_full_qar_by_kind.json" \
+        > /dev/null
       python "$here/plot.py" ;;
     *) echo "$0: unknown step '$step' (step0, lowdata, full, draws, report)" >&2; exit 2 ;;
   esac
