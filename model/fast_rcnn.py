@@ -71,6 +71,14 @@ def pixel_mask(boxes: torch.Tensor, masked: torch.Tensor, image_sizes: torch.Ten
     return covered | outside
 
 
+def real_rois(box_mask: torch.Tensor) -> torch.Tensor:
+    """box_mask [B, N] -> the flat indices, into FastRCNN's B * (1+N) RoIs (each image's whole-image box first),
+    of the whole-image boxes and the real boxes: `FastRCNN.forward`'s `roi_index`. Data-dependent in length, so
+    built where the batch is (on the host), not in the step."""
+    real = torch.cat([box_mask.new_ones(box_mask.shape[0], 1), box_mask], 1).flatten()
+    return real.nonzero().squeeze(1)
+
+
 def size_classifier(num_sizes: int) -> nn.Sequential:
     """The size head over `scale_features` of a box: a small MLP, as a size is an interval of the larger
     normalised side, which no linear function of (w, h) is."""
@@ -264,7 +272,8 @@ class FastRCNN(nn.Module):
 
     def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, boxes: torch.Tensor, box_mask: torch.Tensor,
                 masked_regions: torch.Tensor | None = None, class_logits: bool = False,
-                region_masks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                region_masks: torch.Tensor | None = None, roi_index: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
         """images uint8 [B, 3, H, W]; image_sizes [B, 2] (h, w); boxes [B, N, 4] pixels; box_mask [B, N];
         masked_regions [B, N] bool (pixels zeroed before the backbone); region_masks [B, N, S, S] (S: res5's
         output side, 7 for a 14x14 RoI, 14 with res5_dilation 2): each box's instance mask in its own frame,
@@ -272,7 +281,10 @@ class FastRCNN(nn.Module):
 
         Returns appearance [B, 1+N, F] (element 0: the whole-image box), boxes [B, 1+N, 4] and, with
         `class_logits` (the detector warm-up; pretraining has no loss on them, so it does not pay for
-        them), class_logits [B, 1+N, num_classes]. Padded boxes are computed but meaningless.
+        them), class_logits [B, 1+N, num_classes]. Padded boxes are computed but meaningless, unless
+        `roi_index` (`real_rois(box_mask)`, built on the host by the loader: indexing by it does not make a GPU wait)
+        names the rows of [B * (1+N)] to compute: res5 then runs on those alone (the demo warm-up's batches are 38%
+        padding), the other rows' appearance is 0, and a training-mode norm in res5 sees no padding.
         """
         b, n = box_mask.shape
         if masked_regions is None:
@@ -290,18 +302,26 @@ class FastRCNN(nn.Module):
         # RoIAlign in fp32, as torchvision's autocast rule does: bf16 box corners would be off by up to
         # 4 px at 1000 px, and the CPU kernel has no bf16 version
         rois = torch.cat([index, all_boxes], -1).reshape(-1, 5).float()
+        if roi_index is not None:
+            rois = rois.index_select(0, roi_index)
         crops = roi_align(features.float(), rois, self.cfg.roi_output_size, spatial_scale=1 / self.cfg.feature_stride,
                           sampling_ratio=self.cfg.roi_sampling_ratio, aligned=not inclusive
-                          ).to(features.dtype)  # [B*(1+N), C4, 14, 14]
-        res5 = self.box_head(crops)  # [B*(1+N), F, S, S]
+                          ).to(features.dtype)  # [B*(1+N) or the indexed rows, C4, 14, 14]
+        res5 = self.box_head(crops)  # [rows, F, S, S]
         if region_masks is not None:
             side = res5.shape[-1]
             if tuple(region_masks.shape) != (b, n, side, side):
                 raise ValueError(f"region_masks {list(region_masks.shape)}: expected [{b}, {n}, {side}, {side}] "
                                  f"(res5's output side is {side} here)")
             whole = region_masks.new_ones(b, 1, side, side)
-            res5 = res5 * torch.cat([whole, region_masks], 1).reshape(-1, 1, side, side).to(res5.dtype)
-        appearance = res5.mean((2, 3)).view(b, n + 1, -1)  # [B, 1+N, F]
+            weights = torch.cat([whole, region_masks], 1).reshape(-1, 1, side, side)
+            if roi_index is not None:
+                weights = weights.index_select(0, roi_index)
+            res5 = res5 * weights.to(res5.dtype)
+        pooled = res5.mean((2, 3))  # [rows, F]
+        if roi_index is not None:
+            pooled = pooled.new_zeros(b * (n + 1), pooled.shape[1]).index_copy(0, roi_index, pooled)
+        appearance = pooled.view(b, n + 1, -1)  # [B, 1+N, F]
         out = {"appearance": appearance, "boxes": all_boxes}
         if class_logits:
             out["class_logits"] = self.object_classifier(appearance)

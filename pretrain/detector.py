@@ -38,7 +38,7 @@ from torch import nn
 
 from model.boxes import normalise, scale_features
 from model.config import FastRCNNConfig, required
-from model.fast_rcnn import FastRCNN, size_classifier
+from model.fast_rcnn import FastRCNN, real_rois, size_classifier
 from shards.coco import read_instances, read_vocabularies
 from shards.images import ImageConfig, collate_visual, load_image
 from shards.seeding import torch_generator
@@ -72,6 +72,10 @@ class DetectorConfig:
     batch_size: int = 16  # images per step, global
     epochs: float = 10.0
     num_workers: int = 0
+    # every step's images of one orientation (Detectron's ASPECT_RATIO_GROUPING, on by default there too): a batch
+    # mixing landscape and portrait pads each image to the square of its long side (the demo: 0.55 of the padded
+    # pixels real, 0.82 grouped)
+    group_by_aspect: bool = True
     seed: int = 0
     eval_batch_size: int = 32
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=100))
@@ -118,6 +122,10 @@ class BoxSet:
     def __len__(self) -> int:
         return len(self.items)
 
+    def orientations(self) -> list[bool]:
+        """Per image: portrait (taller than wide), the key of `group_by_aspect`."""
+        return [h > w for _, _, _, (w, h) in self.items]
+
     def size_annotations(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every sized box, normalised by its image's (w, h, w, h) [M, 4], and its size index [M] (0-based)."""
         boxes, sizes = [], []
@@ -142,6 +150,7 @@ class BoxSet:
                 multi_hot[k, [j - 1 for j in a["attribute_ids"]]] = 1.0
             attributes.append(multi_hot)
         out = collate_visual(pairs)
+        out["roi_index"] = real_rois(out["box_mask"])  # res5 runs on the real boxes alone
         n = out["boxes"].shape[1]
         out["labels"] = torch.full((len(indices), n), -100, dtype=torch.long)  # -100: padding, ignored
         out["attributes"] = torch.zeros(len(indices), n, max(1, self.num_attributes))
@@ -175,7 +184,7 @@ class DetectorWarmup(nn.Module):
     def logits(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Object [B, N, classes], attribute [B, N, A] and size [B, N, S] logits (None without sizes)."""
         out = self.fast_rcnn(batch["images"], batch["image_sizes"], batch["boxes"], batch["box_mask"],
-                             class_logits=True)
+                             class_logits=True, roi_index=batch.get("roi_index"))
         regions = out["appearance"][:, 1:]
         head = self.fast_rcnn.attribute_classifier
         attributes = head(regions) if head is not None else regions.new_zeros(*regions.shape[:2], 1)
@@ -330,7 +339,8 @@ class DetectorTask(Task):
         module = DetectorWarmup(replace(cfg.fast_rcnn, num_sizes=0), self.num_attributes, cfg.attribute_weight,
                                 cfg.attribute_loss)
         micro = max(1, cfg.batch_size // world // cfg.engine.gradient_accumulation_steps)
-        loader = EpochLoader(self.train, micro, cfg.seed, rank, world, cfg.num_workers)
+        loader = EpochLoader(self.train, micro, cfg.seed, rank, world, cfg.num_workers,
+                             groups=self.train.orientations() if cfg.group_by_aspect else None)
         cfg.engine.steps = max(1, math.ceil(cfg.epochs * loader.batches_per_epoch
                                             / cfg.engine.gradient_accumulation_steps))
         cfg.engine.progress_label = "detector"

@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image, ImageDraw
+from torchvision.ops import roi_align
 
 from model.boxes import scale_features
 from model.config import FastRCNNConfig, load_config
-from model.fast_rcnn import FastRCNN, size_classifier
+from model.fast_rcnn import FastRCNN, real_rois, size_classifier
 from pretrain.detector import BoxSet, DetectorConfig, DetectorWarmup, drift, evaluate, export_state, fit_size_classifier
 from shards.coco import CocoFormatError, read_instances, read_vocabularies
+from shards.seeding import torch_generator
 from tests.toy_engine import one_process_env
+from train.loaders import EpochLoader
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = FastRCNNConfig(backbone="resnet18", num_classes=3, freeze_stem=False, freeze_res2=False, roi_output_size=4)
@@ -203,3 +206,83 @@ def test_command_line_writes_weights_and_val_metrics(tmp_path):
     result = drift(state, cfg)
     for key in ("object_accuracy", "attribute_accuracy", "size_accuracy", "regions"):
         assert result["after"][key] == metrics[key] == result["warm_up"][key]
+
+
+def test_roi_index_computes_the_real_boxes_alone():
+    """`roi_index` (real_rois of the box mask): res5 runs on the whole-image boxes and the real boxes only. Their
+    appearance is the full forward's (frozen norms), the padded rows' is 0; with batch norm in training mode res5's
+    statistics are those of the real crops alone, checked against res5 run by hand on torchvision's RoIAlign of
+    exactly those boxes."""
+    torch.manual_seed(0)
+    cfg = FastRCNNConfig(**{**TINY.__dict__, "norm": "batch"})
+    model = FastRCNN(cfg)
+    images = torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8)
+    sizes = torch.tensor([[64, 64], [64, 48]])
+    boxes = torch.tensor([[[4.0, 4.0, 30.0, 30.0], [10.0, 20.0, 60.0, 50.0], [0.0, 0.0, 16.0, 16.0]],
+                          [[8.0, 8.0, 40.0, 24.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    index = real_rois(mask)
+    assert index.tolist() == [0, 1, 2, 3, 4, 5]  # image 0: whole + 3; image 1: whole + 1 (rows 4, 5 of 4..7)
+    model.eval()
+    with torch.no_grad():
+        full = model(images, sizes, boxes, mask)["appearance"]
+        part = model(images, sizes, boxes, mask, roi_index=index)["appearance"]
+    real = torch.cat([torch.ones(2, 1, dtype=torch.bool), mask], 1)
+    torch.testing.assert_close(part[real], full[real], atol=1e-5, rtol=1e-5)
+    assert (part[~real] == 0).all()
+    model.train()
+    torch.manual_seed(1)
+    out = model(images, sizes, boxes, mask, roi_index=index)["appearance"]
+    x = model.normalise(images, sizes)
+    features = model.backbone(x)
+    whole = torch.tensor([[0.0, 0.0, 64.0, 64.0], [0.0, 0.0, 48.0, 64.0]])
+    rois = torch.cat([torch.tensor([[0.0], [0.0], [0.0], [0.0], [1.0], [1.0]]),
+                      torch.cat([whole[:1], boxes[0], whole[1:], boxes[1, :1]])], 1)
+    crops = roi_align(features, rois, cfg.roi_output_size, spatial_scale=1 / cfg.feature_stride, aligned=True)
+    expected = model.box_head(crops).mean((2, 3))
+    torch.testing.assert_close(out[real], expected, atol=1e-4, rtol=1e-4)
+    padded = model(images, sizes, boxes, mask)["appearance"]  # the padding's crops in res5's batch statistics
+    assert (padded[real] - expected).abs().max() > 1e-2
+
+
+def test_aspect_groups_give_every_step_one_orientation_split_across_ranks():
+    """EpochLoader's groups: each global batch (both ranks' micro-batches of one step) holds one orientation, the
+    ranks split it without overlap, an epoch has sum(floor(n_g / 4)) steps, and a resumed loader goes on where it
+    stopped. Without groups each rank reads its stride of the permutation, as before."""
+    class Data:
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def batch(self, idx):
+            return {"idx": torch.tensor(idx)}
+
+    groups = [i % 3 == 0 for i in range(23)]  # 8 of one orientation, 15 of the other
+    loaders = [EpochLoader(Data(23), 2, seed=3, rank=r, world=2, groups=groups) for r in (0, 1)]
+    assert loaders[0].batches_per_epoch == 8 // 4 + 15 // 4 == 5
+    its = [iter(loader) for loader in loaders]
+    seen = []
+    for _ in range(5):
+        a, b = (next(it)["idx"].tolist() for it in its)
+        assert len(a) == len(b) == 2 and not set(a) & set(b)
+        assert len({groups[i] for i in a + b}) == 1
+        seen += a + b
+    assert len(set(seen)) == 20  # one epoch: 20 distinct items, the 3 left over dropped
+    assert loaders[0].epoch == 0
+    next(its[0])  # the next epoch's first batch
+    assert loaders[0].epoch == 1 and loaders[0].position == 1
+    resumed = EpochLoader(Data(23), 2, seed=3, rank=0, world=2, groups=groups)
+    resumed.load_state_dict({"epoch": 0, "position": 3})
+    again = EpochLoader(Data(23), 2, seed=3, rank=0, world=2, groups=groups)
+    it = iter(again)
+    for _ in range(3):
+        next(it)
+    assert next(iter(resumed))["idx"].tolist() == next(it)["idx"].tolist()
+    plain = EpochLoader(Data(23), 2, seed=3, rank=1, world=2)
+    perm = torch.randperm(23, generator=torch_generator(3, "epoch order", 0)).tolist()
+    it = iter(plain)
+    assert [next(it)["idx"].tolist() for _ in range(5)] == [perm[1::2][2 * k: 2 * k + 2] for k in range(5)]
+    with pytest.raises(ValueError, match="22 group keys for 23 items"):
+        EpochLoader(Data(23), 2, seed=3, groups=groups[:22])

@@ -5,8 +5,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model.config import model_config
+from model.config import FastRCNNConfig, model_config
+from model.fast_rcnn import real_rois
 from model.vl_bert import VLBertForPretraining
+from pretrain.detector import DetectorWarmup
 from pretrain.masking import MaskingConfig, PretrainMasker
 from pretrain.tasks import LossConfig, VLBertPretraining, masked_roi_attribute_loss
 from shards.tokenizer import load_tokenizer
@@ -94,6 +96,29 @@ def test_step_has_no_host_sync():
         float(loss)
         torch.ones(3)[torch.tensor([True, False, True])]
     assert len(counter.seen) == 2
+
+
+def test_detector_warmup_step_has_no_host_sync():
+    """The warm-up's step with the loader's `roi_index` (res5 on the real boxes alone): indexing by a host-built
+    index is no sync, where computing it in the step (a boolean mask's nonzero) would be one."""
+    torch.manual_seed(0)
+    module = DetectorWarmup(FastRCNNConfig(backbone="resnet18", num_classes=3, freeze_stem=False, freeze_res2=False,
+                                           roi_output_size=4, norm="batch"), num_attributes=2, attribute_weight=0.5)
+    mask = torch.tensor([[True, True], [True, False]])
+    batch = {"images": torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8),
+             "image_sizes": torch.tensor([[64, 64], [64, 64]]),
+             "boxes": torch.tensor([[[4.0, 4.0, 30.0, 30.0], [10.0, 20.0, 60.0, 50.0]],
+                                    [[8.0, 8.0, 40.0, 24.0], [0.0, 0.0, 0.0, 0.0]]]),
+             "box_mask": mask, "labels": torch.tensor([[1, 2], [2, -100]]),
+             "attributes": torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [0.0, 0.0]]]),
+             "roi_index": real_rois(mask)}
+    with SyncCounter() as counter:
+        loss, _ = module(batch)
+        loss.backward()
+    assert counter.seen == []
+    with SyncCounter() as counter:
+        real_rois(mask)  # why the loader builds it
+    assert counter.seen == ["aten.nonzero.default"]
 
 
 def test_compiled_transformer_matches_eager():
