@@ -4,8 +4,6 @@ split across ranks, and the evaluation pass in order."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import torch
 from tqdm import tqdm
 
@@ -52,10 +50,7 @@ class EpochLoader:
 
     @property
     def batches_per_epoch(self) -> int:
-        size = self.micro * self.world
-        if self.groups is None:
-            return max(1, len(self.data) // size)
-        return max(1, sum(n // size for n in Counter(self.groups).values()))
+        return len(self._global_batches())  # grouped, an epoch's count does not depend on its order
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position}
@@ -83,7 +78,7 @@ class EpochLoader:
 
     def __iter__(self):
         while True:
-            batches = [b[self.rank:: self.world] for b in self._global_batches()[self.position: self.batches_per_epoch]]
+            batches = [b[self.rank:: self.world] for b in self._global_batches()[self.position:]]
             if self.num_workers > 0:
                 source = worker_batches(torch.utils.data.DataLoader(
                     _Batches(self.data, batches, self.prepare), batch_size=None, num_workers=self.num_workers,
