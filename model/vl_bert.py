@@ -694,12 +694,15 @@ class VLBert(nn.Module):
         return grey.to(device=images.device, dtype=images.dtype).expand_as(images).clone()
 
     def region_features(self, *, images=None, image_sizes=None, boxes=None, box_mask=None, masked_regions=None,
-                        region_features=None, image_hw=None, class_logits: bool = False, region_masks=None):
+                        region_features=None, image_hw=None, class_logits: bool = False, region_masks=None,
+                        roi_index=None):
         """Appearance [B, 1+N, F], normalised boxes [B, 1+N, 4] and object logits, from pixels (end to
         end) or from precomputed [B, N, F] features. Element 0 is the whole image: in precomputed mode
         its appearance is the mean of the unmasked regions' features, and masked regions are zeroed.
         images / region_features may hold B/K rows for B rows of boxes: rows k*(B/K) + i share image i.
         region_masks [B, N, S, S]: instance masks weighting each region's res5 map (`FastRCNN.forward`).
+        roi_index: `real_rois` of the box mask of the images' rows (the first B/K): the Fast R-CNN's res5 then runs on
+        the real boxes alone and the padded ones' appearance is 0 (`FastRCNN.forward`); end to end only.
         An image-ablated model (`image_ablated`) reads grey images and zero features here, whatever it is given."""
         if masked_regions is None:
             masked_regions = torch.zeros_like(box_mask)
@@ -708,6 +711,8 @@ class VLBert(nn.Module):
                 images = self.ablated_image(images)
             if region_features is not None:
                 region_features = torch.zeros_like(region_features)
+        if roi_index is not None and region_features is not None:
+            raise ValueError("roi_index names the Fast R-CNN's RoIs to compute: precomputed features have none")
         rows = (images if region_features is None else region_features).shape[0]
         views = box_mask.shape[0] // rows
         if views * rows != box_mask.shape[0]:
@@ -720,7 +725,8 @@ class VLBert(nn.Module):
             appearance, boxes_norm, logits = self.region_features(
                 images=images, image_sizes=image_sizes, boxes=boxes[:rows], box_mask=box_mask[:rows],
                 masked_regions=masked_regions[:rows], region_features=region_features, image_hw=image_hw,
-                class_logits=class_logits, region_masks=None if region_masks is None else region_masks[:rows])
+                class_logits=class_logits, region_masks=None if region_masks is None else region_masks[:rows],
+                roi_index=roi_index)
             return (appearance.repeat(views, 1, 1), boxes_norm.repeat(views, 1, 1),
                     None if logits is None else logits.repeat(views, 1, 1))
         inclusive = self.cfg.fast_rcnn.box_convention == "inclusive"
@@ -732,7 +738,7 @@ class VLBert(nn.Module):
             if self.fast_rcnn is None:
                 raise ValueError("this VLBert has no Fast R-CNN: pass region_features (precomputed mode)")
             out = self.fast_rcnn(images, image_sizes, boxes, box_mask, masked_regions, class_logits=class_logits,
-                                 region_masks=region_masks)
+                                 region_masks=region_masks, roi_index=roi_index)
             hw = image_sizes
             appearance, all_boxes, logits = out["appearance"], out["boxes"], out.get("class_logits")
         else:
@@ -764,7 +770,7 @@ class VLBert(nn.Module):
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 output_class_logits: bool = False, real_positions: int | None = None,
                 aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False,
-                neighbour_words: torch.Tensor | None = None) -> VLBertOutput:
+                neighbour_words: torch.Tensor | None = None, roi_index: torch.Tensor | None = None) -> VLBertOutput:
         """input_ids/text_mask/token_type_ids [B, T]: the text part, `[CLS] A [SEP] (B [SEP])` (see
         `assemble_text`). With an image: boxes [B, N, 4] in pixels, box_mask [B, N], masked_regions
         [B, N], and either images uint8 [B, 3, H, W] + image_sizes [B, 2] (h, w) for the end-to-end
@@ -780,12 +786,15 @@ class VLBert(nn.Module):
         aligned_words [B] bool: the rows whose words take the region words they align to
         (`region_word_alignment`; None = every row); the others' words take none, their region tokens still carry
         their names (pretraining's `masking.alignment_drop`). neighbour_words [B] bool: the rows whose words take
-        their neighbours' aligned regions (`alignment_neighbours`; None = every row; `masking.neighbour_drop`)."""
+        their neighbours' aligned regions (`alignment_neighbours`; None = every row; `masking.neighbour_drop`).
+        roi_index: `model.fast_rcnn.real_rois` of the images' box mask, built where the batch is: the Fast R-CNN
+        computes the real boxes alone (`region_features`; pretraining's masker adds it)."""
         e = self.embed(input_ids, text_mask, token_type_ids, images=images, image_sizes=image_sizes, boxes=boxes,
                        box_mask=box_mask, masked_regions=masked_regions, region_features=region_features,
                        image_hw=image_hw, word_region_index=word_region_index, visual_input=visual_input,
                        output_class_logits=output_class_logits, aligned_words=aligned_words,
-                       output_attribute_logits=output_attribute_logits, neighbour_words=neighbour_words)
+                       output_attribute_logits=output_attribute_logits, neighbour_words=neighbour_words,
+                       roi_index=roi_index)
         encoded = self.encoder(self.embeddings.finish(e.x), e.mask, output_hidden_states=output_hidden_states,
                                output_attentions=output_attentions, real_positions=real_positions,
                                layer_input=e.layer_input, layer_bias=e.layer_bias, pair_angles=e.pair_angles)
@@ -800,7 +809,7 @@ class VLBert(nn.Module):
               image_hw: torch.Tensor | None = None, word_region_index: torch.Tensor | None = None,
               visual_input: tuple[torch.Tensor, torch.Tensor] | None = None, output_class_logits: bool = False,
               aligned_words: torch.Tensor | None = None, output_attribute_logits: bool = False,
-              neighbour_words: torch.Tensor | None = None) -> VLBertEmbedded:
+              neighbour_words: torch.Tensor | None = None, roi_index: torch.Tensor | None = None) -> VLBertEmbedded:
         """`forward`'s sequence before the encoder (its arguments, same meaning), with what a word appended
         after it would take (a decoder's words: `VLBertGen`)."""
         cfg, emb = self.cfg, self.embeddings
@@ -849,7 +858,7 @@ class VLBert(nn.Module):
                 appearance, boxes_norm, region_logits = self.region_features(
                     images=images, image_sizes=image_sizes, boxes=boxes, box_mask=box_mask,
                     masked_regions=masked_regions, region_features=region_features, image_hw=image_hw,
-                    class_logits=output_class_logits)
+                    class_logits=output_class_logits, roi_index=roi_index)
             # an edited visual_input (the diagnostics' fp32 averages, stored features) meets weights that DeepSpeed's
             # bf16/fp16 mode cast: once here, for the visual embedding and the region-word classifiers alike
             appearance = appearance.to(emb.visual_feature_embedding[1].weight.dtype)

@@ -108,7 +108,7 @@ class VLBertPretraining(nn.Module):
             out = self.model(c["input_ids"], c["text_mask"], c["token_type_ids"], boxes=c["boxes"],
                              box_mask=c["box_mask"], masked_regions=c["masked_regions"],
                              real_positions=c.get("real_positions"), aligned_words=c.get("aligned_words"),
-                             neighbour_words=c.get("neighbour_words"),
+                             neighbour_words=c.get("neighbour_words"), roi_index=c.get("roi_index"),
                              output_attribute_logits=attributes and not stored, **visual)
             mlm, mlm_acc = self._mlm(out, c)
             total = total + cfg.mlm_caption_weight * mlm

@@ -98,6 +98,45 @@ def test_step_has_no_host_sync():
     assert len(counter.seen) == 2
 
 
+def test_pretraining_step_computes_res5_on_the_real_boxes_alone():
+    """The masker hands the step `roi_index` (real_rois of the images' box mask after its element budget, once for
+    every word view): res5 runs on the whole-image boxes and the real boxes alone, and the step's loss, metrics and
+    gradients are those of the same step computing every padded box (frozen norms: a padded box changes no real
+    one). Precomputed features take no index."""
+    tok = load_tokenizer(None)
+    module = tiny_module().eval()  # no dropout, standardiser statistics fixed: the two steps see the same function
+    captions = caption_words(tok)
+    captions["box_mask"] = torch.tensor([[True] * 6, [True] * 3 + [False] * 3, [True] + [False] * 5, [True] * 6])
+    masker = PretrainMasker(MaskingConfig(mlm_probability=0.3, mrc_probability=0.5, word_views=2), tok, cls_id=101,
+                            sep_id=102, mask_id=103, num_classes=9)
+    c = masker.caption(captions, torch.Generator().manual_seed(4))
+    assert torch.equal(c["roi_index"], real_rois(c["box_mask"][:4]))
+    assert c["roi_index"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 21, 22, 23, 24, 25, 26, 27]
+    rows = []
+    handle = module.model.vl_bert.fast_rcnn.box_head.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
+    runs = {}
+    for name, batch in (("index", {"caption": c}), ("every box", {"caption": {k: v for k, v in c.items()
+                                                                            if k != "roi_index"}})):
+        module.zero_grad(set_to_none=True)
+        loss, metrics = module(batch)
+        loss.backward()
+        runs[name] = loss.detach(), metrics, {n: p.grad.clone() for n, p in module.named_parameters()
+                                              if p.grad is not None}
+    handle.remove()
+    assert rows == [4 + 16, 4 * 7]  # whole images + real boxes, then every box
+    (loss, metrics, grads), (ref, ref_metrics, ref_grads) = runs["index"], runs["every box"]
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    for key in ref_metrics:
+        torch.testing.assert_close(metrics[key], ref_metrics[key], rtol=1e-5, atol=1e-6)
+    assert grads.keys() == ref_grads.keys() and any(n.startswith("model.vl_bert.fast_rcnn.") for n in grads)
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+    features = masker.caption({**{k: v for k, v in captions.items() if k not in ("images", "image_sizes")},
+                               "region_features": torch.zeros(4, 6, 8), "image_hw": torch.full((4, 2), 128)},
+                              torch.Generator().manual_seed(4))
+    assert "roi_index" not in features
+
+
 def test_detector_warmup_step_has_no_host_sync():
     """The warm-up's step with the loader's `roi_index` (res5 on the real boxes alone): indexing by a host-built
     index is no sync, where computing it in the step (a boolean mask's nonzero) would be one."""
