@@ -183,6 +183,10 @@ class FastRCNNConfig:
     weights: str | None = None  # local torchvision ResNet or Faster R-CNN state dict; None = random init
     freeze_stem: bool = True  # conv1 (+ its frozen BN) not trained, as in detectron's C4 models
     freeze_res2: bool = True  # res2 (layer1) not trained either: the official e2e configs' FREEZE_AT = 2
+    # res3 (layer2) and res4 (layer3) not trained either: the RoI head (res5) alone learns end to end, and the step
+    # runs no backward through the backbone (a CPU demo's deviation: FREEZE_AT = 4)
+    freeze_res3: bool = False
+    freeze_res4: bool = False
     # "frozen": FrozenBatchNorm (detectron's C4 models, fixed statistics); "batch": trainable batch norm, for a
     # backbone trained from scratch (the demo's detector warm-up: without normalisation a random ResNet learns
     # slowly). Both keep weight/bias/running_mean/running_var, so a "batch" warm-up loads as "frozen".

@@ -202,9 +202,11 @@ class FastRCNN(nn.Module):
         if cfg.freeze_stem:
             for p in self.backbone.conv1.parameters():
                 p.requires_grad_(False)
-        if cfg.freeze_res2:  # detectron's FREEZE_AT: 2, as the official e2e configs train from res3 up
-            for p in self.backbone.layer1.parameters():
-                p.requires_grad_(False)
+        frozen = [cfg.freeze_res2, cfg.freeze_res3, cfg.freeze_res4]  # detectron's FREEZE_AT: 2 in the official configs
+        for layer, freeze in zip((self.backbone.layer1, self.backbone.layer2, self.backbone.layer3), frozen):
+            if freeze:
+                for p in layer.parameters():
+                    p.requires_grad_(False)
 
     def config_buffers(self) -> dict[str, torch.Tensor]:
         """The buffers that follow from the config alone, not saved with the weights (see

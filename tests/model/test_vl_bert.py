@@ -175,6 +175,16 @@ def test_every_trainable_parameter_gets_a_gradient_and_frozen_ones_none(tiny_mod
     free = VLBertForPretraining(model_config("tiny", updates={"fast_rcnn": {"freeze_stem": False,
                                                                             "freeze_res2": False}}))
     assert all(p.requires_grad for p in free.parameters())
+    # frozen up to res4 (the backbone): res5 alone trains, and nothing of the step's backward runs through the backbone
+    c4 = VLBertForPretraining(model_config("tiny", updates={"fast_rcnn": {"freeze_res3": True, "freeze_res4": True}}))
+    trained = {n for n, p in c4.vl_bert.fast_rcnn.named_parameters() if p.requires_grad}
+    assert trained and all(n.startswith(("box_head.", "object_classifier.", "attribute_classifier.")) for n in trained)
+    assert any(n.startswith("box_head.") for n in trained)
+    assert not any(p.requires_grad for p in c4.vl_bert.fast_rcnn.backbone.parameters())
+    c4.train()
+    _pretraining_loss(c4, make_batch()).backward()
+    assert c4.vl_bert.fast_rcnn.box_head[0].conv1.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in c4.vl_bert.fast_rcnn.backbone.parameters())
 
 
 def test_zero_gain_visual_gates_open_through_their_own_gradient(tiny_cfg):
