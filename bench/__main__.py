@@ -24,9 +24,11 @@ SUITE = {
     "resume": [],
     "fast_rcnn_step": [],
     "warmup_step": [],
+    "quickstart_step": [],
 }
 QUICK = {"loader": ["--repeats", "1", "--samples", "320"], "resume": ["--repeats", "1"],
          "fast_rcnn_step": ["--repeats", "1", "--steps", "2"], "warmup_step": ["--repeats", "1", "--steps", "2"],
+         "quickstart_step": ["--repeats", "1", "--steps", "2"],
          "pretrain_step": ["--repeats", "1", "--steps", "2"],
          "transformer_step": ["--repeats", "1", "--steps", "1"], "decoding": ["--repeats", "1"]}
 
