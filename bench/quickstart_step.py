@@ -22,6 +22,7 @@ from pretrain.run import PretrainTask
 
 from .pretrain_step import ensure_demo
 from .report import bench_parser, machine, median_range, update_section
+from .warmup_step import real_fractions
 
 VARIANTS = {  # name: (res5 on the real boxes alone, res3 and res4 trained)
     "res3-res5 trained, every RoI (before)": (False, True),
@@ -31,15 +32,11 @@ VARIANTS = {  # name: (res5 on the real boxes alone, res3 and res4 trained)
 
 
 def real_roi_fraction(batches: list[dict]) -> float:
-    """Of the RoIs a batch's boxes pad to (each image's whole-image box and its padded boxes), the real share."""
-    real = rois = 0
-    for b in batches:
-        c = b["caption"]
-        images = c["images"].shape[0]
-        mask = c["box_mask"][:images]  # the word views' rows repeat the images' boxes
-        real += int(mask.sum()) + images
-        rois += mask.numel() + images
-    return real / rois
+    """Of the RoIs a batch's boxes pad to (each image's whole-image box and its padded boxes), the real share: the
+    warm-up bench's count on the images' rows (the word views' rows repeat them), every padded box computed."""
+    images = [{"images": b["caption"]["images"], "image_sizes": b["caption"]["image_sizes"],
+               "box_mask": b["caption"]["box_mask"][: b["caption"]["images"].shape[0]]} for b in batches]
+    return real_fractions(images)[1]
 
 
 def run(config: str, steps: int, repeats: int) -> dict:
