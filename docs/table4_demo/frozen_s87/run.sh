@@ -9,11 +9,39 @@
 # This session: PRETRAINED=runs/frz_s0/export (session 86's seed-0 draw of the default, which a clean clone
 # reproduced to the last digit) NONE=runs/step0_s87/export OUT=runs/s87
 # DRAW_EXPORT=runs/frz_s (session 86's seed-1 draw, runs/frz_s1).
+# With TRAINED set (this session: runs/demo/export, session 85's recipe on the same warm-up, its backbone trained in
+# pretraining), RefCOCO+ at 15 and VCR Q->A at 150 from it too, and the freeze's paired reports (current minus it).
 #   bash docs/table4_demo/frozen_s87/run.sh    PRETRAINED (runs/demo/export), NONE (runs/demo_step0/export),
-#                                               OUT (runs/s87), DRAW_EXPORT (runs/demo_draw)
+#                                               OUT (runs/s87), DRAW_EXPORT (runs/demo_draw), TRAINED (unset)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PRETRAINED="${PRETRAINED:-runs/demo/export}" NONE="${NONE:-runs/demo_step0/export}" OUT="${OUT:-runs/s87}" \
   VQA_SIZES=150 FULL_TASKS=vcr_qa DRAWS=1 DRAW_TASKS=vcr DRAW_EXPORT="${DRAW_EXPORT:-runs/demo_draw}" \
   REPORT=docs/table4_demo/frozen_s87 STEPS="step0 lowdata full draws report" \
   bash docs/table4_demo/stride8_s83/run.sh
+[ -n "${TRAINED:-}" ] || exit 0
+out="${OUT:-runs/s87}"
+here=docs/table4_demo/frozen_s87
+paired=docs/table4_demo/refcoco_start/paired.py
+kinds=docs/table4_demo/vcr_s70/kind_pair.py
+for task in refcoco vcr; do
+  cell=img150; [ "$task" = refcoco ] && cell=img15
+  for s in 0 1 2; do  # step 0's finetunes shared, as the draws step shares them
+    mkdir -p "$out/unfrozen/$task/${cell}_s$s"
+    ln -sfn "$PWD/$out/$task/${cell}_s$s/none" "$out/unfrozen/$task/${cell}_s$s/none"
+  done
+  PRETRAINED="$TRAINED" NONE="${NONE:-runs/demo_step0/export}" OUT="$out/unfrozen" STEPS="$task" \
+    bash docs/table4_demo/lowdata_s62/run.sh
+  for s in 0 1 2; do
+    ln -sfn "$PWD/$out/unfrozen/$task/${cell}_s$s/pretrained" "$out/$task/${cell}_s$s/unfrozen"
+  done
+done
+python "$paired" --runs "$out/refcoco" --images 15 --base unfrozen --row pretrained \
+  > "$here/refcoco_img15_frozen_vs_trained.json"
+python "$kinds" --task refcoco --base "$out/refcoco/img15_s*/unfrozen/predictions_val.json" \
+  --row "$out/refcoco/img15_s*/pretrained/predictions_val.json" \
+  --out "$here/refcoco_img15_frozen_vs_trained_by_kind.json" > /dev/null
+python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row unfrozen --row pretrained \
+  > "$here/vcr_img150_frozen_vs_trained.json"
+python "$paired" --task vcr --runs "$out/vcr" --images 150 --base unfrozen --row pretrained \
+  > "$here/vcr_img150_frozen_minus_trained.json"
