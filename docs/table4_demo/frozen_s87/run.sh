@@ -10,7 +10,7 @@
 # reproduced to the last digit) NONE=runs/step0_s87/export OUT=runs/s87
 # DRAW_EXPORT=runs/frz_s (session 86's seed-1 draw, runs/frz_s1).
 # With TRAINED set (this session: runs/demo/export, session 85's recipe on the same warm-up, its backbone trained in
-# pretraining), RefCOCO+ at 15 and VCR Q->A at 150 from it too, and the freeze's paired reports (current minus it).
+# pretraining), RefCOCO+ at 15, VCR Q->A and VQA at 150 from it too, and the freeze's paired reports (current minus it).
 #   bash docs/table4_demo/frozen_s87/run.sh    PRETRAINED (runs/demo/export), NONE (runs/demo_step0/export),
 #                                               OUT (runs/s87), DRAW_EXPORT (runs/demo_draw), TRAINED (unset)
 set -euo pipefail
@@ -24,13 +24,13 @@ out="${OUT:-runs/s87}"
 here=docs/table4_demo/frozen_s87
 paired=docs/table4_demo/refcoco_start/paired.py
 kinds=docs/table4_demo/vcr_s70/kind_pair.py
-for task in refcoco vcr; do
+for task in refcoco vcr vqa; do
   cell=img150; [ "$task" = refcoco ] && cell=img15
   for s in 0 1 2; do  # step 0's finetunes shared, as the draws step shares them
     mkdir -p "$out/unfrozen/$task/${cell}_s$s"
     ln -sfn "$PWD/$out/$task/${cell}_s$s/none" "$out/unfrozen/$task/${cell}_s$s/none"
   done
-  PRETRAINED="$TRAINED" NONE="${NONE:-runs/demo_step0/export}" OUT="$out/unfrozen" STEPS="$task" \
+  PRETRAINED="$TRAINED" NONE="${NONE:-runs/demo_step0/export}" OUT="$out/unfrozen" STEPS="$task" VQA_SIZES=150 \
     bash docs/table4_demo/lowdata_s62/run.sh
   for s in 0 1 2; do
     ln -sfn "$PWD/$out/unfrozen/$task/${cell}_s$s/pretrained" "$out/$task/${cell}_s$s/unfrozen"
@@ -45,3 +45,5 @@ python "$paired" --task vcr --runs "$out/vcr" --images 150 --base none --row unf
   > "$here/vcr_img150_frozen_vs_trained.json"
 python "$paired" --task vcr --runs "$out/vcr" --images 150 --base unfrozen --row pretrained \
   > "$here/vcr_img150_frozen_minus_trained.json"
+python "$paired" --task vqa --runs "$out/vqa" --images 150 --base unfrozen --row pretrained \
+  > "$here/vqa_img150_frozen_minus_trained.json"
