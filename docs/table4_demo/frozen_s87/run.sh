@@ -5,7 +5,8 @@
 # one session on 2 cores reached: VQA at 150 training images, VCR Q->A at 150, RefCOCO+ gt at 15 (three finetuning
 # seeds each), VCR Q->A at the launcher's default (seed 0), VCR Q->A at 150 images from a second pretraining draw of
 # the default (DRAW_EXPORT<1>/export: bash launch/pretrain.sh engine.seed=1 data.seed=1 engine.run_dir=...); then the
-# paired reports and the figure here.
+# paired reports and the figure here. Session 88 added the cells session 87 left: VQA at 50 training images (three
+# seeds), VQA at full data and VCR QA->R at the launchers' defaults (seed 0).
 # This session: PRETRAINED=runs/frz_s0/export (session 86's seed-0 draw of the default, which a clean clone
 # reproduced to the last digit) NONE=runs/step0_s87/export OUT=runs/s87
 # DRAW_EXPORT=runs/frz_s (session 86's seed-1 draw, runs/frz_s1).
@@ -16,8 +17,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PRETRAINED="${PRETRAINED:-runs/demo/export}" NONE="${NONE:-runs/demo_step0/export}" OUT="${OUT:-runs/s87}" \
-  VQA_SIZES=150 FULL_TASKS=vcr_qa DRAWS=1 DRAW_TASKS=vcr DRAW_EXPORT="${DRAW_EXPORT:-runs/demo_draw}" \
-  REPORT=docs/table4_demo/frozen_s87 STEPS="step0 lowdata full draws report" \
+  VQA_SIZES="150 50" FULL_TASKS="vqa vcr_qa vcr_qar" DRAWS=1 DRAW_TASKS=vcr \
+  DRAW_EXPORT="${DRAW_EXPORT:-runs/demo_draw}" REPORT=docs/table4_demo/frozen_s87 \
+  STEPS="step0 lowdata full draws report" \
   bash docs/table4_demo/stride8_s83/run.sh
 [ -n "${TRAINED:-}" ] || exit 0
 out="${OUT:-runs/s87}"
