@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 88 (docs/ABLATION.md): the current quick start's matched control and V4L. The control (grey images, the
-# same seed, warm-up, schedule and batches); V4L over all 2,363 held-out phrases of the default's two draws (session
-# 86's runs/frz_s0, runs/frz_s1) and of session 85's recipe (the backbone trained in pretraining) on the same draws,
-# each against that control; then the per-phrase bits split by whether the sentence has a relation word, paired.
-# About 85 minutes on a quiet 2-core Zen 3. Run from the repository root, after session 86's run.sh (which makes
+# same seed, warm-up, schedule and batches); V4L over all 2,363 held-out phrases of the default's three draws
+# (session 86's runs/frz_s0, runs/frz_s1, and seed 2 here) and of session 85's recipe (the backbone trained in
+# pretraining) on draws 0 and 1, each against that control; then the per-phrase bits split by whether the sentence
+# has a relation word, paired, and the figure. About 110 minutes on a quiet 2-core Zen 3. Run from the repository root, after session 86's run.sh (which makes
 # runs/frz_s0, runs/frz_s1 and runs/demo, session 85's recipe at seed 0).
 set -euo pipefail
 . .venv/bin/activate
