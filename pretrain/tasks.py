@@ -83,16 +83,29 @@ class VLBertPretraining(nn.Module):
             raise ValueError(f"losses.mrc_attribute_targets: '{losses.mrc_attribute_targets}' is not detector or "
                              "shards")
 
-    def _mlm(self, out, batch):
-        hidden = out.text_hidden.flatten(0, 1)[batch["mlm_positions"]]  # [M, hidden]
-        logits = self.model.mlm_head(hidden).float()
-        labels = batch["mlm_labels"]
-        return F.cross_entropy(logits, labels), (logits.argmax(-1) == labels).float().mean()
+    def _mlm(self, parts: list[tuple[str, torch.Tensor, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Each part's (loss, accuracy) from one head call over every part's masked positions: (name, hidden at
+        the masked positions [M, hidden], labels [M]). The decoder is the vocabulary's [30522, hidden] matrix, and
+        its products with a few dozen rows are bound by reading and writing it: one call for the caption and the
+        text batch reads it, and writes its gradient, once instead of twice (the quick start's step 0.95x,
+        docs/BENCHMARKS.md, session 89); each part's loss is its own mean, as with a call each."""
+        logits = self.model.mlm_head(torch.cat([h for _, h, _ in parts])).float()
+        out, start = {}, 0
+        for name, hidden, labels in parts:
+            part = logits[start: start + hidden.shape[0]]
+            start += hidden.shape[0]
+            out[name] = (F.cross_entropy(part, labels), (part.argmax(-1) == labels).float().mean())
+        return out
+
+    @staticmethod
+    def _masked(out, batch) -> torch.Tensor:
+        return out.text_hidden.flatten(0, 1)[batch["mlm_positions"]]  # [M, hidden]
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.losses
         total = 0.0
         metrics: dict[str, torch.Tensor] = {}
+        masked: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # the MLM parts, one head call at the end
         if "caption" in batch:
             c = batch["caption"]
             if "region_features" in c:  # precomputed features (bottom-up TSV): no detector in the step
@@ -110,9 +123,7 @@ class VLBertPretraining(nn.Module):
                              real_positions=c.get("real_positions"), aligned_words=c.get("aligned_words"),
                              neighbour_words=c.get("neighbour_words"), roi_index=c.get("roi_index"),
                              output_attribute_logits=attributes and not stored, **visual)
-            mlm, mlm_acc = self._mlm(out, c)
-            total = total + cfg.mlm_caption_weight * mlm
-            metrics.update({"loss/mlm_caption": mlm, "acc/mlm_caption": mlm_acc})
+            masked.append(("caption", self._masked(out, c), c["mlm_labels"]))
             if cfg.mrc_weight > 0:
                 regions = out.region_hidden[:, 1:].flatten(0, 1)[c["mrc_positions"]]  # [K, hidden], no whole image
                 mrc_logits = self.model.masked_roi_classification(regions)
@@ -138,8 +149,11 @@ class VLBertPretraining(nn.Module):
             t = batch["text"]
             out = self.model(t["input_ids"], t["text_mask"], t["token_type_ids"],
                              real_positions=t.get("real_positions"))
-            mlm, mlm_acc = self._mlm(out, t)
-            total = total + cfg.mlm_text_weight * mlm
-            metrics.update({"loss/mlm_text": mlm, "acc/mlm_text": mlm_acc})
+            masked.append(("text", self._masked(out, t), t["mlm_labels"]))
+        if masked:
+            weights = {"caption": cfg.mlm_caption_weight, "text": cfg.mlm_text_weight}
+            for name, (mlm, mlm_acc) in self._mlm(masked).items():
+                total = total + weights[name] * mlm
+                metrics.update({f"loss/mlm_{name}": mlm, f"acc/mlm_{name}": mlm_acc})
         metrics["loss/total"] = total
         return total, {k: v.detach() for k, v in metrics.items()}

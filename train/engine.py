@@ -263,6 +263,16 @@ def seed_rank(seed: int, rank: int) -> None:
     torch.manual_seed(seed_for(seed, "torch global", rank))
 
 
+def rank_threads(cores: int, local_ranks: int, omp_num_threads: str | None) -> int | None:
+    """Intra-op threads for one CPU rank: its share of the cores its node's ranks run on, or None where the user set
+    OMP_NUM_THREADS (torch has read it). The deepspeed launcher sets it only with --bind_cores_to_rank, so each of 2
+    ranks on 2 cores ran 2 threads: 4 threads on 2 cores, the quick start's step 1.2x slower at ZeRO-1 and 3x at
+    ZeRO-0 (docs/BENCHMARKS.md, session 89). torchrun sets 1 for the same reason."""
+    if omp_num_threads:
+        return None
+    return max(1, cores // max(1, local_ranks))
+
+
 def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, int]:
     """Join the job's process group (NCCL on GPUs, gloo on CPU) and pick this rank's GPU; without a
     launcher, a world of one (the engine runs on DeepSpeed either way). Returns (rank, world size).
@@ -293,6 +303,11 @@ def init_distributed(local_rank: int, timeout_s: float = 1800.0) -> tuple[int, i
         torch.cuda.set_device(local_rank)
     else:
         unlink_shm_buffer()
+        # the deepspeed launcher's LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE: the ranks sharing this node's cores
+        local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1"
+        threads = rank_threads(usable_cores(), int(local), os.environ.get("OMP_NUM_THREADS"))
+        if threads is not None:
+            torch.set_num_threads(threads)
     return dist.get_rank(), dist.get_world_size()
 
 
