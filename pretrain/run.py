@@ -301,7 +301,8 @@ def final_drift(engine, detector_config: str, run_dir: Path) -> None:
         prefix = "vl_bert.fast_rcnn."
         state = {k.removeprefix(prefix): v for k, v in load_file(str(run_dir / "export" / "model.safetensors")).items()
                  if k.startswith(prefix)}
-        result = drift(state, load_config(DetectorConfig, detector_config), engine.device)
+        with every_core():  # a CPU rank trains on its share of the cores; the other ranks wait at the barrier
+            result = drift(state, load_config(DetectorConfig, detector_config), engine.device)
         (run_dir / "detector_drift.json").write_text(json.dumps(result, indent=1))
         after, before = result["after"], result["warm_up"] or {}
         engine.write_scalars({f"detector/{k}": after[k] for k in ("object_accuracy", "attribute_accuracy",
