@@ -64,6 +64,8 @@ class OptimConfig:
     optimizer: str = "adamw"  # adamw | sgd (VL-BERT's VCR finetuning: SGD with momentum)
     momentum: float = 0.9  # sgd only
     schedule: str = "linear"  # linear: decay to 0 at engine.steps | step: x decay_factor at each of decay_steps
+    # a negative milestone counts back from engine.steps (-40: the last 40 steps), so a cut before the end stays
+    # before the end when a run's length is overridden
     decay_steps: list = field(default_factory=list)
     decay_factor: float = 0.1
     # learning-rate multipliers by parameter name: {substring: factor}, the first substring found in a
@@ -394,7 +396,9 @@ def build_optimizer(module: torch.nn.Module, optim: OptimConfig, total_steps: in
     if optim.schedule == "linear":
         factor = linear_warmup_decay(optim.warmup_steps, total_steps)
     elif optim.schedule == "step":
-        factor = warmup_step_decay(optim.warmup_steps, [int(m) for m in optim.decay_steps], optim.decay_factor)
+        # a run shorter than the count back (a 1-step export, a test's few steps) is all of it in the last steps
+        milestones = [int(m) if int(m) >= 0 else max(0, total_steps + int(m)) for m in optim.decay_steps]
+        factor = warmup_step_decay(optim.warmup_steps, milestones, optim.decay_factor)
     else:
         raise ValueError(f"optim.schedule: '{optim.schedule}' is not linear or step")
     return optimizer, factor

@@ -83,6 +83,20 @@ def test_blocked_adamw_state_goes_on_in_torch_adamw_and_back():
     assert ref_opt.state_dict()["state"][0]["step"].item() == back.state_dict()["state"][0]["step"].item() == 6
 
 
+def test_a_negative_decay_milestone_counts_back_from_the_last_step():
+    """The quick start's cut (x0.1 for the last 40 of its steps) stays the last 40 when the run's length changes."""
+    cfg = OptimConfig(lr=1e-3, warmup_steps=20, schedule="step", decay_steps=[-40], decay_factor=0.1)
+    for total, cut in ((330, 290), (1000, 960)):
+        _, factor = build_optimizer(torch.nn.Linear(2, 2), cfg, total)
+        assert [factor(s) for s in (10, 20, cut - 1, cut, total - 1)] == pytest.approx([0.5, 1.0, 1.0, 0.1, 0.1])
+    # mixed with a step from the start; a run shorter than the count back is in its last steps throughout
+    _, factor = build_optimizer(torch.nn.Linear(2, 2), OptimConfig(warmup_steps=0, schedule="step",
+                                                                   decay_steps=[100, -10]), 200)
+    assert [factor(s) for s in (99, 100, 189, 190)] == pytest.approx([1.0, 0.1, 0.1, 0.01])
+    _, factor = build_optimizer(torch.nn.Linear(2, 2), cfg, 30)
+    assert [factor(s) for s in (0, 10, 29)] == pytest.approx([0.0, 0.05, 0.1])
+
+
 def test_the_engine_builds_blocked_adamw_on_cpu():
     opt, _ = build_optimizer(torch.nn.Linear(3, 2), OptimConfig(lr=1e-3, betas=(0.9, 0.98), eps=1e-7), 10)
     assert isinstance(opt, BlockedAdamW) and opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-7
