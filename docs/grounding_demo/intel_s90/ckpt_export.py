@@ -9,9 +9,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from train.engine import STAGE0_MODEL_FILE  # noqa: E402
+
 run, step, out = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-sd = torch.load(run / "checkpoints" / f"step_{step:07d}" / "mp_rank_00_model_states.pt", map_location="cpu",
-                weights_only=True)["module"]
+ckpt = run / "checkpoints" / f"step_{step:07d}" / STAGE0_MODEL_FILE
+sd = torch.load(ckpt, map_location="cpu", weights_only=True)["module"]
 shutil.copytree(run / "export", out, dirs_exist_ok=True)
 ref = load_file(str(run / "export" / "model.safetensors"))
 new = {k.removeprefix("model."): v for k, v in sd.items()}

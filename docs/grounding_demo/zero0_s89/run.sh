@@ -6,12 +6,13 @@
 set -euo pipefail
 here=docs/grounding_demo/zero0_s89
 python3 -m venv .venv && . .venv/bin/activate && pip install -q -e ".[demo]"
-bash launch/pretrain.sh engine.run_dir=runs/z0_s0                                # the README's command, seed 0
-bash launch/pretrain.sh masking.ablate_image=true engine.run_dir=runs/noimg_s89   # the matched control
+# the README's command then, seed 0 (since session 90's LR cut it takes 'optim.decay_steps=[]'), and its matched control
+bash launch/pretrain.sh engine.run_dir=runs/z0_s0 'optim.decay_steps=[]'
+bash launch/pretrain.sh masking.ablate_image=true engine.run_dir=runs/noimg_s89 'optim.decay_steps=[]'
 v4l() { python -m diagnostics.ablation "$@" --config launch/configs/heldout_demo.yaml 'sweep=[]'; }
 v4l --model z0_s0=runs/z0_s0/export --model control=runs/noimg_s89/export --reference control --out runs/v4l_s89
 for d in 1 2; do
-  bash launch/pretrain.sh engine.seed=$d data.seed=$d engine.run_dir=runs/z0_s$d
+  bash launch/pretrain.sh engine.seed=$d data.seed=$d engine.run_dir=runs/z0_s$d 'optim.decay_steps=[]'
 done
 mkdir -p "$here/v4l_z0_s0"
 cp runs/v4l_s89/results.{md,json} runs/v4l_s89/*.png "$here/v4l_z0_s0/"
