@@ -220,8 +220,7 @@ class PretrainTask(Task):
 
     def finish(self, engine, last: dict, cfg: PretrainConfig, args, rank: int) -> None:
         run_dir = Path(cfg.engine.run_dir)
-        finished = engine.step >= cfg.engine.steps
-        if cfg.engine.export and finished:
+        if cfg.engine.export:
             export(engine, self.model_cfg, run_dir / "export", self.tokenizer_dir, cfg.data)
             if cfg.grounding is not None:
                 final_grounding(engine, cfg.grounding, run_dir, self.tokenizer)
@@ -232,7 +231,7 @@ class PretrainTask(Task):
                 final_drift(engine, cfg.detector_drift, run_dir)
         if rank == 0:
             print(f"\nTensorBoard: tensorboard --logdir {run_dir / 'tb'}\ncheckpoints: {run_dir / 'checkpoints'}"
-                  + (f"\nexported model: {run_dir / 'export'}" if cfg.engine.export and finished else ""), flush=True)
+                  + (f"\nexported model: {run_dir / 'export'}" if cfg.engine.export else ""), flush=True)
             if last:
                 print(f"last logged step {engine.step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()
                                                                     if k.startswith(("loss/", "acc/"))), flush=True)

@@ -5,7 +5,8 @@ the module, its loader and how to count and draw a batch, or None when there is 
 `--eval-only`), and says what happens after training (`finish`: the export and the evaluation, on the ranks
 that do them). The flow around it is the same for pretraining, the detector warm-up, the finetune tasks and
 BERT-gen: parse the command line, load the config, join the process group, seed this rank, train on the
-`Engine` (DeepSpeed, checkpoints and exact resume, metrics, stop signals), finish, and wait for every rank.
+`Engine` (DeepSpeed, checkpoints and exact resume, metrics, stop signals), finish (unless a stop signal ended
+the training early), and wait for every rank.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ class Task:
         raise NotImplementedError
 
     def finish(self, engine: Engine | None, last: dict, cfg, args, rank: int) -> None:
-        """After training (engine None when nothing was trained; `last`, the last logged metrics): export and
-        evaluate. Every rank calls it; ZeRO-3's consolidation is collective."""
+        """After training to the last step (engine None when nothing was trained; `last`, the last logged metrics):
+        export and evaluate. Every rank calls it; ZeRO-3's consolidation is collective. Not called for a run a stop
+        signal ended early: its checkpoint is its only output until --resume finishes it."""
         raise NotImplementedError
 
 
@@ -86,6 +88,15 @@ def run(task: Task, argv: list[str] | None = None) -> int:
                         draw_batch=training.draw_batch, evaluate=training.evaluate, run_info=training.run_info,
                         evaluated_at_end=training.evaluated_at_end)
         last = engine.train(resume=args.resume, overwrite=args.overwrite)
-    task.finish(engine, last, cfg, args, rank)
+    if engine is not None and engine.stopped_by_signal:
+        # a preempted run's weights are not its final model: finishing would write the export, the saved model and
+        # the final metrics a finished run writes, and a sweep that skips the runs whose metrics exist (or a reader
+        # of them) would take the stopped run as done. The checkpoint is the only output; --resume finishes it.
+        if rank == 0:
+            print(f"not finished ({engine.step} of {cfg.engine.steps} steps): no final model or evaluation written; "
+                  f"checkpoint under {cfg.engine.run_dir}/checkpoints, rerun the same command with --resume to "
+                  "finish it", flush=True)
+    else:
+        task.finish(engine, last, cfg, args, rank)
     torch.distributed.barrier()
     return 0

@@ -33,13 +33,20 @@ class Toy:
     def add_arguments(self, parser):
         parser.add_argument("--eval-only", action="store_true")
         parser.add_argument("--fail-in-finish", action="store_true")
+        parser.add_argument("--signal-at", type=int, default=0)
     def seed(self, cfg):
         return cfg.seed
     def build(self, cfg, args, rank, world):
         self.seen = {"seed": torch.initial_seed(), "rank": rank, "world": world, "steps": cfg.engine.steps}
         if args.eval_only:
             return None
-        return Training(Module(), Loader(), 2, count_batch=lambda b: {"samples": 2.0, "tokens": 6.0, "images": 0.0})
+        loader = Loader()
+        if args.signal_at:
+            # a scheduler's preemption, delivered while the engine draws batch N
+            import os, signal
+            draw = loader.batch
+            loader.batch = lambda i: (os.kill(os.getpid(), signal.SIGTERM) if i == args.signal_at else None, draw(i))[1]
+        return Training(Module(), loader, 2, count_batch=lambda b: {"samples": 2.0, "tokens": 6.0, "images": 0.0})
     def finish(self, engine, last, cfg, args, rank):
         self.seen.update(trained=None if engine is None else engine.step, last=sorted(last))
         if args.fail_in_finish:
@@ -99,3 +106,18 @@ def test_a_failing_rank_exits_with_its_traceback_instead_of_waiting_in_teardown(
                       timeout=120)
     assert out.returncode == 1
     assert "rank 0 failed:" in out.stderr and "RuntimeError: planted failure" in out.stderr
+
+
+def test_a_run_stopped_by_a_signal_writes_no_final_outputs_until_resumed(tmp_path):
+    """SIGTERM mid-run: the engine stops after the step with a checkpoint, and the task's finish (the export, the
+    saved model, the final metrics: what marks a run done) is not called for weights that are not the final
+    ones; --resume trains the remaining steps and finishes."""
+    run_dir = tmp_path / "run"
+    out = toy_process(tmp_path, "--signal-at", "4", f"engine.run_dir={run_dir}", "engine.steps=10")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "stopped by signal after step 4; checkpoint saved" in out.stdout
+    assert "not finished (4 of 10 steps)" in out.stdout and "--resume" in out.stdout
+    assert not [x for x in out.stdout.splitlines() if x.startswith("SEEN ")], out.stdout[-2000:]
+    assert (run_dir / "checkpoints" / "step_0000004" / "COMPLETE").exists()
+    seen = toy(tmp_path, "--resume", f"engine.run_dir={run_dir}", "engine.steps=10")
+    assert seen["trained"] == 10 and "loss/total" in seen["last"]
