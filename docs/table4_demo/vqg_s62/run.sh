@@ -4,11 +4,14 @@
 # default; docs/FINETUNE.md session 41), the config's budget (1 epoch), finetuning seeds SEEDS (default "0 1 2");
 # then the decoding-free image information (docs/table4_demo/vqg/likelihood.py), the rows over seeds and the image
 # control, reports under docs/table4_demo/vqg_s62/.
-#   bash docs/table4_demo/vqg_s62/run.sh       OUT (default runs/vqg_s62)
+#   bash docs/table4_demo/vqg_s62/run.sh       OUT (default runs/vqg_s62), REPORT (default this folder; session 91:
+#                                              docs/table4_demo/vqg_s91 from runs/demo -> the session-90 default),
+#                                              LABEL (the report's task line)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-runs/vqg_s62}"
-here=docs/table4_demo/vqg_s62
+here="${REPORT:-docs/table4_demo/vqg_s62}"
+label=${LABEL:-"VQG, image only, VL-BERT's own input, 1 epoch, the session-61 default"}
 seeds=(${SEEDS:-0 1 2})
 for seed in "${seeds[@]}"; do
   if [ "$seed" != "${seeds[0]}" ]; then  # the same detectors' features: extracted once
@@ -25,5 +28,5 @@ for init in none pretrained; do
   runs+=(--vqg "$init=$list")
 done
 python docs/table4_demo/ablation_rows/report.py "${runs[@]}" \
-  --vqg-task "VQG, image only, VL-BERT's own input, 1 epoch, the session-61 default" --out "$here/vl_seeds"
+  --vqg-task "$label" --out "$here/vl_seeds"
 python docs/table4_demo/vqg/image_control.py "${controls[@]}" --out "$here/vl_image_control"
