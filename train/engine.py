@@ -674,7 +674,6 @@ class Engine:
             self._vote_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
         self.step = 0
         self.stop_requested = False
-        self.stopped_by_signal = False  # set when train() returns early on a stop signal: the run is not finished
         self._pending_rng = None
         self.run_info = run_info or {}
         self.run_id: str | None = None  # names this run in run.json, metrics, eval and checkpoint markers
@@ -869,6 +868,12 @@ class Engine:
 
     # -- the loop -------------------------------------------------------------------------------------
 
+    @property
+    def finished(self) -> bool:
+        """Trained to engine.steps. False only after a stop signal ended train() early (an error raises instead); a
+        signal during the last step leaves the run finished."""
+        return self.step >= self.cfg.steps
+
     def _on_signal(self, signum, frame) -> None:
         self.stop_requested = True
 
@@ -1025,7 +1030,6 @@ class Engine:
                     self._settle_nonfinite()  # the limit is enforced before a checkpoint names this step
                     self.save_checkpoint()
                 if stop:
-                    self.stopped_by_signal = True
                     if _is_rank0():
                         print(f"\nstopped by signal after step {self.step}; checkpoint saved", flush=True)
                     break

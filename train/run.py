@@ -88,7 +88,7 @@ def run(task: Task, argv: list[str] | None = None) -> int:
                         draw_batch=training.draw_batch, evaluate=training.evaluate, run_info=training.run_info,
                         evaluated_at_end=training.evaluated_at_end)
         last = engine.train(resume=args.resume, overwrite=args.overwrite)
-    if engine is not None and engine.stopped_by_signal:
+    if engine is not None and not engine.finished:
         # a preempted run's weights are not its final model: finishing would write the export, the saved model and
         # the final metrics a finished run writes, and a sweep that skips the runs whose metrics exist (or a reader
         # of them) would take the stopped run as done. The checkpoint is the only output; --resume finishes it.

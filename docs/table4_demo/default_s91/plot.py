@@ -11,6 +11,7 @@ report step); a report missing leaves its bars out.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -44,10 +45,11 @@ def main(folder: Path = HERE) -> int:
     vcr = panel(folder, [("vcr_full.json", f"VCR {m}", m) for m in ("Q->A", "QA->R", "Q->AR")])
     refcoco = panel(folder, [("refcoco_img15.json", "refcoco_img15", "all\n98 val images"),
                              ("refcoco_img15_val1976.json", "refcoco_img15_val1976", "all\n1,976 val images")])
+    chance = json.loads((HERE.parent / "refcoco_s75" / "readers.json").read_text())["relational"]["random_candidate"]
     for name, label in (("refcoco_img15_by_kind.json", "relational\n98 val images"),
                         ("refcoco_img15_val1976_by_kind.json", "relational\n1,976 val images")):
         if (folder / name).exists():
-            refcoco[label] = (kind_rows(folder / name, "none", "pretrained", ("relational",))["relational"], 15.82)
+            refcoco[label] = (kind_rows(folder / name, "none", "pretrained", ("relational",))["relational"], chance)
     panels = [(p, title) for p, title in ((vqa, "VQA val"), (vcr, "VCR val, launcher default (seed 0)"),
                                           (refcoco, "RefCOCO+ gt, 15 training images (3 seeds)")) if p]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 + 1.3 * sum(len(p) for p, _ in panels), 5.4),
