@@ -1,5 +1,5 @@
 """The shapes world's word categories the grounding tables score (colour, shape, covered shape, size, relation,
-number), each one's chance, and the masked-region classification splits."""
+place, number), each one's chance, and the masked-region classification splits."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     # shape right would score ~0.88)
     "covered_shape": tuple(SHAPES),
     "size": tuple(SIZES),
+    # a relation of two objects ("a star left of a circle", "a star above a circle"): read by comparing two boxes
     "relation": ("left", "right", "above", "below"),
+    # a place in the picture ("a star on the left among two other shapes"): one box against the image's middle.
+    # Scored apart: counted together, a model that compares boxes and one that places a box read alike
+    "place": ("left", "right"),
     "number": tuple(NUMBER_WORDS),
 }
 
@@ -52,9 +56,11 @@ def word_category(words: list[str], index: int) -> str | None:
     """The category of words[index] in its sentence (None: not scored)."""
     w = words[index].lower()
     for name, vocab in CATEGORIES.items():
-        if name != "covered_shape" and w in vocab:
+        if name not in ("covered_shape", "place") and w in vocab:
             if name == "shape" and index > 0 and words[index - 1].lower() == "covered":
                 return "covered_shape"
+            if name == "relation" and index > 0 and words[index - 1].lower() == "the":  # "on the left"
+                return "place" if w in CATEGORIES["place"] else None
             return name
     return None
 

@@ -7,8 +7,8 @@ Data: the held-out split in Flickr30k Entities' format (as `diagnostics.ablation
 Two measurements, each with a 95% interval from a bootstrap that resamples images (the sentences, words
 and regions of one image are not independent):
 
-- Masked-word accuracy per word category (colour, shape, covered_shape, size, relation, number; `CATEGORIES`): every
-  word of a category in every sentence is masked alone (all its word-pieces -> [MASK]) and counts as
+- Masked-word accuracy per word category (colour, shape, covered_shape, size, relation, place, number; `CATEGORIES`):
+  every word of a category in every sentence is masked alone (all its word-pieces -> [MASK]) and counts as
   right when the MLM head's argmax gives back every piece. A word whose piece count names it among its
   category (the shapes' "hexagon") is scored apart, as `named_by_span`: its span of [MASK]s tells it. Once
   with the image (`image`) and once with every region and the whole image replaced by the average feature

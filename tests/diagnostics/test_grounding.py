@@ -39,6 +39,9 @@ def test_word_categories():
     assert cats == {"three": "number", "shapes": None, "including": None, "a": None, "large": "size", "Red": "colour",
                     "hexagon": "shape", "left": "relation", "of": None, "small": "size", "covered": None,
                     "star": "covered_shape"}  # under the cloth: its shape is not in the image
+    words = "a small red star on the left among two other shapes".split()
+    assert [word_category(words, i) for i in range(len(words))] == \
+        [None, "size", "colour", "shape", None, None, "place", None, "number", None, None]  # one box, the image's middle
     assert len(CATEGORIES["colour"]) == 6 and len(CATEGORIES["shape"]) == 8
 
 
