@@ -40,8 +40,9 @@ def test_word_categories():
                     "hexagon": "shape", "left": "relation", "of": None, "small": "size", "covered": None,
                     "star": "covered_shape"}  # under the cloth: its shape is not in the image
     words = "a small red star on the left among two other shapes".split()
+    # "left" here places one box against the image's middle
     assert [word_category(words, i) for i in range(len(words))] == \
-        [None, "size", "colour", "shape", None, None, "place", None, "number", None, None]  # one box, the image's middle
+        [None, "size", "colour", "shape", None, None, "place", None, "number", None, None]
     assert len(CATEGORIES["colour"]) == 6 and len(CATEGORIES["shape"]) == 8
 
 
