@@ -20,6 +20,7 @@ big=data/demo_val4000
 declare -A export=([pretrained]="${PRETRAINED:-runs/demo/export}" [none]="${NONE:-runs/step0_s90/export}"
                    [pretrained_between]="${BETWEEN:-runs/between_s0/export}")
 paired=docs/table4_demo/refcoco_start/paired.py
+source docs/table4_demo/score_large.sh
 seeds="${SEEDS:-0}"
 WITHOUT="${WITHOUT:-runs/s90/full/vqa_val4000/full_s0}"
 for step in ${STEPS:-vqa report}; do
@@ -31,20 +32,8 @@ for step in ${STEPS:-vqa report}; do
           dir="$out/vqa/full_s$seed/$row"
           [ -f "$dir/metrics_val2014.json" ] || RUNS="$out/vqa" bash launch/finetune_vqa.sh \
             backbone.init="${export[$row]}" engine.run_dir="$dir" seed="$seed"
-          large="$out/vqa_val4000/full_s$seed/$row"
-          [ -f "$large/metrics_val2014.json" ] && continue
-          # the trained model on the large split: --eval-only reads <run_dir>/model, and the reports read the
-          # questions from the run's record
-          mkdir -p "$large"
-          ln -sfn "$(realpath "$dir/model")" "$large/model"
-          python - "$dir/run.json" "$large/run.json" "$big/raw/vqa" <<'PY'
-import json, sys
-record = json.load(open(sys.argv[1]))
-record["config"]["data"]["root"] = sys.argv[3]
-json.dump(record, open(sys.argv[2], "w"), indent=1)
-PY
-          python -m finetune.vqa --config launch/configs/vqa_demo.yaml --eval-only engine.run_dir="$large" \
-            eval_split=val2014 "data.root=$big/raw/vqa" "data.boxes=$big/raw/boxes.jsonl" "image.root=$big/raw"
+          score_large vqa "$dir" "$out/vqa_val4000/full_s$seed/$row" eval_split=val2014 "data.root=$big/raw/vqa" \
+            "data.boxes=$big/raw/boxes.jsonl" "image.root=$big/raw"
         done
       done ;;
     report)
