@@ -327,6 +327,12 @@ class VLBertConfig:
     # nothing. Reads the objects as relation_alignment_window does: a backbone without it has nothing to read (a task
     # config may set it for any backbone, as region_aligned_words).
     relation_between: bool = False
+    # How many word-pieces from a word `relation_between` looks for the objects on either side (0: the
+    # relation_alignment_window). A name cut into pieces names by its later pieces: in VQA's "is the triangle right of
+    # the hexagon?" "he" aligns with 0.36 of its mass and "##xa" is the run's first naming piece, 4 pieces from
+    # "right" where the window of 3 reaches "of" but not "right", whose term then says nothing, as a true relation
+    # word's does (7 of data/demo's 83 spatial val questions, 3 of them answered wrong; docs/FINETUNE.md, session 93).
+    relation_between_window: int = 0
     # Regions take the words aligned to them, the alignment read the other way: each region's token adds the word
     # embeddings of the sentence's words (not [CLS] / [SEP]), each times that word's weight on the region. In "the
     # circle left of the blue star" the circle left of the star then holds "left" (the relation word's alignment) and

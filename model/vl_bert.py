@@ -431,7 +431,7 @@ class VLBertEmbeddings(nn.Module):
         return near
 
     def relation_anchors(self, weights: torch.Tensor, candidates: torch.Tensor, real: torch.Tensor,
-                         relation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                         relation: torch.Tensor, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The object named beside each relation word, as a distribution over the regions, on each side: [B, T, R]
         after it and [B, T, R] before it (rows of zeros where none).
 
@@ -441,8 +441,9 @@ class VLBertEmbeddings(nn.Module):
         words name: the product of their normalised distributions, each raised to its mass (as
         `alignment_neighbour_combine` "product"). A run, not a window: "left of a small blue star and a red circle"
         takes the star, not a compromise of the star and the circle. relation [B, T]: >= 0 at the words whose objects
-        are wanted (the relation words; `relation_between_terms` asks for the unnamed ones). Tensor ops over
-        [B, T, T], no token loop."""
+        are wanted (the relation words; `relation_between_terms` asks for the unnamed ones). window: pieces, the
+        config's `relation_alignment_window` if None. Tensor ops over [B, T, T], no token loop."""
+        window = self.cfg.relation_alignment_window if window is None else window
         b, t, r = weights.shape
         mass = weights.sum(-1)  # [B, T]
         naming = (mass > 0.5) & real
@@ -454,7 +455,7 @@ class VLBertEmbeddings(nn.Module):
         is_relation = (relation >= 0) & real
         out = []
         for side in (1, -1):  # after the relation word, then before it
-            near = (offset * side > 0) & (offset * side <= self.cfg.relation_alignment_window)  # [T, T]
+            near = (offset * side > 0) & (offset * side <= window)  # [T, T]
             reach = naming.unsqueeze(1) & near  # [B, T, T]: naming words within reach of each word
             # the nearest of them: the first after it, the last before it
             distance = torch.where(reach, (offset * side).expand(b, t, t), t + 1)
@@ -482,7 +483,8 @@ class VLBertEmbeddings(nn.Module):
         they agree. Tensor ops, no loop over words or regions."""
         weights = self.alignment_weights(words, terms, candidates)  # by names alone: which words name an object
         unnamed = (weights.sum(-1) <= 0.5) & real
-        after, before = self.relation_anchors(weights, candidates, real, torch.where(unnamed, 0, -1))
+        after, before = self.relation_anchors(weights, candidates, real, torch.where(unnamed, 0, -1),
+                                              self.cfg.relation_between_window or None)
         index, apart = pair_relations(boxes)  # [B, R(i), R(j)]: i's relation to j
         holds = F.one_hot(index, len(RELATIONS)).to(after.dtype) * apart.unsqueeze(-1).to(after.dtype)  # [B, R, R, 4]
         counts = torch.einsum("bti,btj,bijk->btk", before, after, holds)  # [B, T, 4]
@@ -639,6 +641,9 @@ class VLBert(nn.Module):
             raise ValueError(f"relation_alignment_window: {cfg.relation_alignment_window} aligns relation words to the "
                              "regions in that relation: a count >= 0, and > 0 needs region_word_alignment and "
                              "pair_relation_words (pretraining: relation_names)")
+        if cfg.relation_between_window < 0:
+            raise ValueError(f"relation_between_window: {cfg.relation_between_window} is a count of word-pieces, "
+                             ">= 0 (0: relation_alignment_window's)")
         if cfg.relation_alignment_window and any(len(name) != 1 for name in cfg.pair_relation_words):
             raise ValueError("relation_alignment_window: each relation name must be one word-piece (the word that "
                              f"aligns); pair_relation_words is {cfg.pair_relation_words}")

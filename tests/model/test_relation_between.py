@@ -82,6 +82,36 @@ def test_a_relation_word_takes_what_the_boxes_say_against_it():
     assert float(torch.cosine_similarity(got[0, 2], left, 0)) > 0.99
 
 
+def test_a_name_beyond_the_window_is_reached_with_relation_between_window():
+    """"circle above of [2 unnamed pieces] star": the star is 4 pieces from "above" (a name whose first piece does
+    not name, as "he ##xa ##gon"), 3 from "of". With the window of 3, "of" carries "left" and "above" nothing, as a
+    true relation word would; with relation_between_window 4, "above" carries "left", the boxes against it, and "of"
+    is unchanged. The reference reads the wider window too."""
+    e = None
+    got = {}
+    for window in (0, 4):
+        emb = VLBert(model_config("tiny", updates={**CFG, "relation_between_window": window})).embeddings
+        _, terms, candidates, _, boxes, valid = scene(emb)
+        e = emb.word_embeddings.weight.detach()
+        words = torch.stack([torch.stack([e[30], e[22], e[41], e[42], e[43], e[31]])] * 2)
+        relation = torch.tensor([[-1, 2, -1, -1, -1, -1]] * 2)
+        with torch.no_grad():
+            got[window] = emb.relation_between_terms(words, terms, candidates, valid, boxes, relation)
+    left = e[20]
+    assert float(got[0][0, 1].abs().max()) == 0.0
+    assert float(torch.cosine_similarity(got[4][0, 1], left, 0)) > 0.99
+    for window in (0, 4):
+        assert float(torch.cosine_similarity(got[window][0, 2], left, 0)) > 0.99
+    torch.testing.assert_close(got[0][:, 2], got[4][:, 2])
+    bad = {**CFG, "relation_between_window": -1}
+    try:
+        VLBert(model_config("tiny", updates=bad))
+    except ValueError as error:
+        assert "relation_between_window" in str(error)
+    else:
+        raise AssertionError("a negative window was accepted")
+
+
 def test_the_image_ablated_layout_gives_nothing_and_the_model_moves_only_its_words():
     """Every region the whole image (the control's layout): zeros. In the model, a batch embeds as the model without
     the option plus the terms at the text positions, the regions bit for bit; every gradient finite."""
