@@ -82,6 +82,13 @@ def pair_relations(boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return index, (dx != 0) | (dy != 0)
 
 
+def pair_relation_holds(boxes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, N(i), N(j), 4]: 1 where region i stands in relation k to region j (`pair_relations`), 0 elsewhere and for
+    regions that share a centre."""
+    index, apart = pair_relations(boxes)
+    return F.one_hot(index, len(RELATIONS)).to(dtype) * apart.unsqueeze(-1).to(dtype)
+
+
 def assemble_text(a_ids: torch.Tensor, a_mask: torch.Tensor, b_ids: torch.Tensor | None = None,
                   b_mask: torch.Tensor | None = None, *, cls_id: int, sep_id: int, pad_id: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -485,8 +492,7 @@ class VLBertEmbeddings(nn.Module):
         unnamed = (weights.sum(-1) <= 0.5) & real
         after, before = self.relation_anchors(weights, candidates, real, torch.where(unnamed, 0, -1),
                                               self.cfg.relation_between_window or None)
-        index, apart = pair_relations(boxes)  # [B, R(i), R(j)]: i's relation to j
-        holds = F.one_hot(index, len(RELATIONS)).to(after.dtype) * apart.unsqueeze(-1).to(after.dtype)  # [B, R, R, 4]
+        holds = pair_relation_holds(boxes, after.dtype)  # [B, R(i), R(j), 4]: i's relation to j
         counts = torch.einsum("bti,btj,bijk->btk", before, after, holds)  # [B, T, 4]
         if relation is not None:
             # "is the square left of the cross?": with the full c a true "left" carries 2 E[left] and a false one
@@ -512,8 +518,7 @@ class VLBertEmbeddings(nn.Module):
         its score is the cosine of the word's embedding w [B, T, h] (unit) with that part, as a region's name parts
         are scored (`alignment_weights`)."""
         after, before = self.relation_anchors(weights, candidates, real, relation)  # [B, T, R] each
-        index, apart = pair_relations(boxes)  # [B, R(i), R(j)]: i's relation to j
-        holds = F.one_hot(index, len(RELATIONS)).to(after.dtype) * apart.unsqueeze(-1).to(after.dtype)  # [B, R, R, 4]
+        holds = pair_relation_holds(boxes, after.dtype)  # [B, R(i), R(j), 4]: i's relation to j
         table = self.name_embeddings("relation", names).float()  # [4, h]
         gram = table @ table.T  # [4, 4]
         along = w @ table.T  # [B, T, 4]: the word's unit embedding on each name
