@@ -333,6 +333,15 @@ class VLBertConfig:
     # "right" where the window of 3 reaches "of" but not "right", whose term then says nothing, as a true relation
     # word's does (7 of data/demo's 83 spatial val questions, 3 of them answered wrong; docs/FINETUNE.md, session 93).
     relation_between_window: int = 0
+    # A name the tokenizer cuts into pieces aligns as the name: each piece of an occurrence of a multi-piece name of
+    # the class, attribute or size tables is scored against the regions by the mean of the occurrence's pieces, the
+    # name tables' own embedding of it, not by its own. "hexagon" is "he ##xa ##gon", and no piece alone is the name:
+    # in a RefCOCO+ model finetuned from the quick start's export, on data/demo's 30 val expressions with a hexagon
+    # landmark, the pieces aligned with mass 0.03 / 0.18 / 0.17 and none named, so "the circle left of the blue
+    # hexagon" read its landmark as the run "blue" alone, every blue region (docs/FINETUNE.md, session 94). Read from
+    # the input ids and the config's name tables; no parameters; False = off (each piece by itself, as the quick
+    # start pretrains).
+    align_whole_names: bool = False
     # Regions take the words aligned to them, the alignment read the other way: each region's token adds the word
     # embeddings of the sentence's words (not [CLS] / [SEP]), each times that word's weight on the region. In "the
     # circle left of the blue star" the circle left of the star then holds "left" (the relation word's alignment) and

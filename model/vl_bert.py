@@ -437,6 +437,40 @@ class VLBertEmbeddings(nn.Module):
             near = near * sum(m for m, _ in views).clamp(max=1.0)
         return near
 
+    def name_pieces(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """[B, T(start), T(piece)] bool (`align_whole_names`): True where an occurrence of a name of two or more
+        word-pieces in the class, attribute or size tables starts at the first position and covers the second (each
+        name matched against every position of input_ids [B, T] through P shifted views, P the tables' width);
+        None where no table holds such a name."""
+        tables = [(getattr(self, f"region_{k}_word_ids"), getattr(self, f"region_{k}_word_weights"))
+                  for k in ("class", "attribute", "size") if getattr(self, f"region_{k}_word_ids", None) is not None]
+        rows = [(ids[w.gt(0).sum(-1) > 1], w[w.gt(0).sum(-1) > 1] > 0) for ids, w in tables]
+        rows = [(ids, used) for ids, used in rows if len(ids)]
+        if not rows:
+            return None
+        width = max(ids.shape[1] for ids, _ in rows)
+        ids = torch.cat([F.pad(i, (0, width - i.shape[1])) for i, _ in rows])  # [K, P]
+        used = torch.cat([F.pad(u, (0, width - u.shape[1])) for _, u in rows])  # [K, P]: the name's real pieces
+        t = input_ids.shape[1]
+        shifted = F.pad(input_ids, (0, width - 1), value=-1).unfold(1, width, 1)  # [B, T, P]: ids from each position
+        match = ((shifted.unsqueeze(2) == ids) | ~used).all(-1)  # [B, T, K]
+        length = torch.where(match, used.sum(-1), 0).amax(-1)  # [B, T]: the longest name starting there (0: none)
+        position = torch.arange(t, device=input_ids.device)
+        offset = position.unsqueeze(0) - position.unsqueeze(1)  # [T(start), T(piece)]: piece - start
+        return (offset >= 0) & (offset < length.unsqueeze(-1))
+
+    @staticmethod
+    def whole_name_words(words: torch.Tensor, pieces: torch.Tensor | None) -> torch.Tensor:
+        """words [B, T, hidden] with each piece of a `name_pieces` occurrence (pieces [B, T, T]) replaced by the
+        mean of the occurrence's pieces (a piece in two occurrences: the mean of their means); the others as
+        they are. Batched matmuls, no loop over words."""
+        if pieces is None:
+            return words
+        cover = pieces.to(words.dtype)  # [B, T(start), T(piece)]
+        means = (cover @ words) / cover.sum(-1, keepdim=True).clamp(min=1.0)  # [B, T(start), hidden]
+        count = cover.sum(1).unsqueeze(-1)  # [B, T(piece), 1]: the occurrences covering each piece
+        return torch.where(count > 0, (cover.transpose(1, 2) @ means) / count.clamp(min=1.0), words)
+
     def relation_anchors(self, weights: torch.Tensor, candidates: torch.Tensor, real: torch.Tensor,
                          relation: torch.Tensor, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The object named beside each relation word, as a distribution over the regions, on each side: [B, T, R]
@@ -961,11 +995,14 @@ class VLBert(nn.Module):
                     # side: that is another order of the same sums, which rounds the gradients differently and
                     # alone moves the quick start's figures (docs/ABLATION.md, session 73)
                     sentence = words[:, :t]
-                    aligned, weights = emb.aligned_region_words(sentence, terms, candidates, where, near, relations,
+                    # what the alignment reads each word as: a multi-piece name's pieces as the whole name
+                    reading = emb.whole_name_words(sentence, emb.name_pieces(input_ids)) if cfg.align_whole_names \
+                        else sentence
+                    aligned, weights = emb.aligned_region_words(reading, terms, candidates, where, near, relations,
                                                                 names, with_weights=True)
                     text = text + aligned
                     if cfg.relation_between and relations is not None:
-                        text = text + emb.relation_between_terms(sentence, terms, candidates, words_only, boxes_norm,
+                        text = text + emb.relation_between_terms(reading, terms, candidates, words_only, boxes_norm,
                                                                  relations[0], names).to(text.dtype)
                     if cfg.region_aligned_words:
                         token = token + emb.region_aligned_words(weights, sentence, words_only)
