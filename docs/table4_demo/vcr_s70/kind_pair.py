@@ -50,6 +50,19 @@ def percent(summary: dict) -> list:
     return [round(100 * summary["mean"], 2), [round(100 * v, 2) for v in summary["ci95"]]]
 
 
+def paired_cell(base: np.ndarray, row: np.ndarray, images: np.ndarray, pick: np.ndarray) -> dict:
+    """The questions `pick` selects: each row's accuracy averaged over its seeds (base, row: [seeds, questions]) with
+    its 95% interval by image, the row minus the base paired by question, and each seed's own accuracy."""
+    a, b, clusters = base[:, pick].mean(0), row[:, pick].mean(0), images[pick]
+    t = paired_test(a, b, clusters=clusters)
+    return {"n": int(pick.sum()), "base": percent(clustered_bootstrap(a, clusters)),
+            "row": percent(clustered_bootstrap(b, clusters)),
+            "row_minus_base": round(100 * t["mean_diff"], 2),
+            "ci95": [round(100 * v, 2) for v in t["ci95"]], "p_bootstrap": t["p_bootstrap"],
+            "base_per_seed": [round(100 * v, 2) for v in base[:, pick].mean(1)],
+            "row_per_seed": [round(100 * v, 2) for v in row[:, pick].mean(1)]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="a glob of the base row's qa/predictions_val.json, one per seed")
@@ -73,14 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"base": base_files, "row": row_files}
     for kind_name in KINDS[args.task]:
         pick = np.array([kind_name == "all" or kind[k] == kind_name for k in keys])
-        a, b, clusters = base[:, pick].mean(0), row[:, pick].mean(0), images[pick]
-        t = paired_test(a, b, clusters=clusters)
-        report[kind_name] = {"n": int(pick.sum()), "base": percent(clustered_bootstrap(a, clusters)),
-                        "row": percent(clustered_bootstrap(b, clusters)),
-                        "row_minus_base": round(100 * t["mean_diff"], 2),
-                        "ci95": [round(100 * v, 2) for v in t["ci95"]], "p_bootstrap": t["p_bootstrap"],
-                        "base_per_seed": [round(100 * v, 2) for v in base[:, pick].mean(1)],
-                        "row_per_seed": [round(100 * v, 2) for v in row[:, pick].mean(1)]}
+        report[kind_name] = paired_cell(base, row, images, pick)
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:
