@@ -247,6 +247,11 @@ class VLBertEmbeddings(nn.Module):
                 if top >= cfg.vocab_size:
                     raise ValueError(f"{field_name}: word id {top} is outside the vocabulary ({cfg.vocab_size})")
                 out[f"region_{kind}_word_ids"], out[f"region_{kind}_word_weights"] = ids, weights
+        split = [n for names in (cfg.region_class_words, cfg.region_attribute_words, cfg.region_size_words)
+                 if names is not None for n in names if len(n) > 1]
+        if cfg.align_whole_names and split:  # `name_pieces`' table: the names of two or more pieces, once
+            ids, weights = word_table(split)
+            out["whole_name_ids"], out["whole_name_pieces"] = ids, weights > 0
         return out
 
     def build_visual_feature_embedding(self, appearance_size: int) -> None:
@@ -440,17 +445,12 @@ class VLBertEmbeddings(nn.Module):
     def name_pieces(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """[B, T(start), T(piece)] bool (`align_whole_names`): True where an occurrence of a name of two or more
         word-pieces in the class, attribute or size tables starts at the first position and covers the second (each
-        name matched against every position of input_ids [B, T] through P shifted views, P the tables' width);
-        None where no table holds such a name."""
-        tables = [(getattr(self, f"region_{k}_word_ids"), getattr(self, f"region_{k}_word_weights"))
-                  for k in ("class", "attribute", "size") if getattr(self, f"region_{k}_word_ids", None) is not None]
-        rows = [(ids[w.gt(0).sum(-1) > 1], w[w.gt(0).sum(-1) > 1] > 0) for ids, w in tables]
-        rows = [(ids, used) for ids, used in rows if len(ids)]
-        if not rows:
+        name matched against every position of input_ids [B, T] through P shifted views, P the table's width; the
+        table built once from the config, `config_buffers`); None where the option is off or no such name exists."""
+        ids = getattr(self, "whole_name_ids", None)  # [K, P]
+        if ids is None:
             return None
-        width = max(ids.shape[1] for ids, _ in rows)
-        ids = torch.cat([F.pad(i, (0, width - i.shape[1])) for i, _ in rows])  # [K, P]
-        used = torch.cat([F.pad(u, (0, width - u.shape[1])) for _, u in rows])  # [K, P]: the name's real pieces
+        used, width = self.whole_name_pieces, ids.shape[1]  # [K, P]: each name's real pieces
         t = input_ids.shape[1]
         shifted = F.pad(input_ids, (0, width - 1), value=-1).unfold(1, width, 1)  # [B, T, P]: ids from each position
         match = ((shifted.unsqueeze(2) == ids) | ~used).all(-1)  # [B, T, K]

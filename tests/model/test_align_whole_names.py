@@ -15,20 +15,22 @@ from .test_relation_alignment import WORDS_CFG, scene
 STAR = [46, 31, 47]
 CFG = {**WORDS_CFG, "region_class_words": [[8], [9], [10], STAR, [13], [14], [15], [16], [17]],
        "relation_alignment_window": 3}
+WHOLE = {**CFG, "align_whole_names": True}  # the option builds `name_pieces`' table
 
 
 def test_name_pieces_marks_each_occurrence_of_a_multi_piece_name_by_hand():
     """Ids "[CLS] 46 31 47 7 46 31 9 46": occurrences only where all three pieces follow in order (from 1); the
     46 31 at 5 and the 46 at 8 are none; one-piece names (8, 9, ...) cover nothing."""
-    emb = VLBert(model_config("tiny", updates=CFG)).embeddings
+    emb = VLBert(model_config("tiny", updates=WHOLE)).embeddings
     ids = torch.tensor([[1, 46, 31, 47, 7, 46, 31, 9, 46], [1, 8, 9, 31, 47, 46, 31, 47, 2]])
     got = emb.name_pieces(ids)
     expected = torch.zeros(2, 9, 9, dtype=torch.bool)
     expected[0, 1, 1:4] = True
     expected[1, 5, 5:8] = True
     assert torch.equal(got, expected)
-    one_piece = VLBert(model_config("tiny", updates={**CFG, "region_class_words": WORDS_CFG["region_class_words"]}))
+    one_piece = VLBert(model_config("tiny", updates={**WHOLE, "region_class_words": WORDS_CFG["region_class_words"]}))
     assert one_piece.embeddings.name_pieces(ids) is None
+    assert VLBert(model_config("tiny", updates=CFG)).embeddings.name_pieces(ids) is None  # the option off
 
 
 def test_each_piece_is_read_as_its_names_mean_by_hand():
@@ -62,7 +64,7 @@ def test_a_name_no_piece_of_which_names_aligns_whole_and_is_a_landmark():
     "right" is "red" alone, every region alike, and "right" aligns to the star and the square (what is right of
     the circle), the star itself among them; read whole, each piece names the star (> 0.9), the run is
     "red st ##a ##r", the star, and "right" aligns to nothing: no region is right of the star."""
-    emb = VLBert(model_config("tiny", updates={**CFG, "region_word_alignment": 0.6})).embeddings
+    emb = VLBert(model_config("tiny", updates={**WHOLE, "region_word_alignment": 0.6})).embeddings
     e, terms, candidates, boxes, valid = aligned_scene(emb)
     ids = torch.tensor([[40, 21, 41, 33, *STAR]])
     sentence = e[ids]
